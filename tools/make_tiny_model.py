@@ -1,0 +1,440 @@
+"""Write a tiny, randomly initialised HF-format causal LM (config, safetensors, tokenizer) to a directory.
+
+No machine this project is built on reaches a model hub, yet the code that loads real checkpoints
+(HF -> Megatron conversion, the rollout engines, weight sync, the quickstart) needs one to run on.
+This tool generates a real checkpoint locally: Qwen2 / Qwen3 / Llama architectures built by
+transformers itself from a config, fp32 weights in safetensors, and a character-level tokenizer with
+Qwen's ChatML special tokens and chat template, so every loader sees the same files a real model has.
+
+Usage:
+    python tools/make_tiny_model.py --out /tmp/tiny-qwen2
+    python tools/make_tiny_model.py --out /tmp/tiny-qwen3 --arch qwen3 --num-layers 4 --seed 1
+
+The call is idempotent: a directory that already holds a model made with the same settings (recorded
+in ``slime_tiny_model.json``) is returned as is, so tests and examples can call it unconditionally.
+``scripts/models/tiny-qwen2.sh`` holds the Megatron flags of the default model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import string
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+SETTINGS_FILE = "slime_tiny_model.json"
+FORMAT_VERSION = 1
+ARCHITECTURES = ("qwen2", "qwen3", "llama")
+VOCAB_MULTIPLE = 16
+
+# Special tokens first, so their ids are small and fixed: 0 is both end-of-text and padding.
+ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
+# One token per character; nothing else is in the vocabulary (there are no merges).
+CHARACTERS = (
+    string.digits
+    + string.ascii_lowercase
+    + string.ascii_uppercase
+    + " \n"
+    + "+-*/=()[]{}<>.,:;!?'\"_\\|#$%&^~@`"
+)
+
+# Qwen's ChatML, without Qwen2.5's default system prompt: every turn is
+# "<|im_start|>ROLE\nCONTENT<|im_end|>\n"; add_generation_prompt opens the assistant turn.
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+# The split Qwen2's tokenizer applies before its byte-level step. The tokenizer here uses the very same
+# pipeline (split, byte-level, BPE without merges) because transformers 5 loads any checkpoint whose
+# config says model_type "qwen2" with its own Qwen2Tokenizer class, which rebuilds that pipeline from the
+# vocabulary in tokenizer.json; with an identical pipeline every loader produces identical ids.
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def _byte_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map used by byte-level tokenizers.
+
+    Printable Latin-1 bytes stand for themselves; the others (space, newline, control bytes) are moved
+    to code points from 256 on, in byte order, so space becomes 'Ġ' and newline 'Ċ' as in Qwen's vocab.
+    """
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    mapping: dict[int, str] = {}
+    shifted = 0
+    for byte in range(256):
+        if byte in printable:
+            mapping[byte] = chr(byte)
+        else:
+            mapping[byte] = chr(256 + shifted)
+            shifted += 1
+    return mapping
+
+
+def _vocabulary() -> dict[str, int]:
+    """Token string -> id: the special tokens, then one byte-level symbol per character in CHARACTERS."""
+    byte_map = _byte_to_unicode()
+    tokens = [*SPECIAL_TOKENS, *(byte_map[ord(ch)] for ch in CHARACTERS)]
+    assert len(set(tokens)) == len(tokens), "duplicate characters in the tiny vocabulary"
+    return {token: index for index, token in enumerate(tokens)}
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def _settings(
+    arch: str,
+    num_layers: int,
+    hidden_size: int,
+    num_attention_heads: int,
+    num_key_value_heads: int,
+    intermediate_size: int,
+    head_dim: int | None,
+    tie_word_embeddings: bool,
+    rope_theta: float,
+    rms_norm_eps: float,
+    max_position_embeddings: int,
+    seed: int,
+) -> dict[str, Any]:
+    """Validate the arguments and return the canonical settings record (also the idempotence key)."""
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"unknown arch {arch!r}; choose one of {', '.join(ARCHITECTURES)}")
+    for name, value in (
+        ("num_layers", num_layers),
+        ("hidden_size", hidden_size),
+        ("num_attention_heads", num_attention_heads),
+        ("num_key_value_heads", num_key_value_heads),
+        ("intermediate_size", intermediate_size),
+        ("max_position_embeddings", max_position_embeddings),
+    ):
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if num_attention_heads % num_key_value_heads:
+        raise ValueError(
+            f"num_attention_heads ({num_attention_heads}) must be a multiple of "
+            f"num_key_value_heads ({num_key_value_heads})"
+        )
+    if head_dim is None:
+        if hidden_size % num_attention_heads:
+            raise ValueError(
+                f"hidden_size ({hidden_size}) must be divisible by num_attention_heads "
+                f"({num_attention_heads}) unless head_dim is given"
+            )
+        head_dim = hidden_size // num_attention_heads
+    if head_dim <= 0 or head_dim % 2:
+        raise ValueError(f"head_dim must be a positive even number (RoPE rotates pairs), got {head_dim}")
+    if rope_theta <= 0 or rms_norm_eps <= 0:
+        raise ValueError("rope_theta and rms_norm_eps must be positive")
+    return {
+        "format_version": FORMAT_VERSION,
+        "arch": arch,
+        "num_layers": num_layers,
+        "hidden_size": hidden_size,
+        "num_attention_heads": num_attention_heads,
+        "num_key_value_heads": num_key_value_heads,
+        "intermediate_size": intermediate_size,
+        "head_dim": head_dim,
+        "tie_word_embeddings": bool(tie_word_embeddings),
+        "rope_theta": float(rope_theta),
+        "rms_norm_eps": float(rms_norm_eps),
+        "max_position_embeddings": max_position_embeddings,
+        "seed": int(seed),
+    }
+
+
+def _read_settings(directory: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((directory / SETTINGS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _is_complete(directory: Path, settings: dict[str, Any]) -> bool:
+    """True when ``directory`` holds a finished model made with exactly ``settings``."""
+    if _read_settings(directory) != settings:
+        return False
+    needed = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+    return all((directory / name).is_file() for name in needed)
+
+
+def _build_tokenizer(max_length: int) -> Any:
+    """The character-level tokenizer, as a transformers fast tokenizer ready for ``save_pretrained``."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
+    from tokenizers.models import BPE
+    from transformers import PreTrainedTokenizerFast
+
+    # A BPE model with no merges is a plain lookup: every pre-token splits into single byte-level
+    # symbols, each of which is in the vocabulary. Characters outside it have no symbol and are dropped,
+    # exactly as Qwen2Tokenizer (which transformers 5 substitutes for model_type qwen2) would drop them.
+    model = BPE(vocab=_vocabulary(), merges=[], unk_token=None, fuse_unk=False, byte_fallback=False)
+    backend = Tokenizer(model)
+    backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    backend.decoder = decoders.ByteLevel()
+    # Special tokens are matched before pre-tokenization, so "<|im_start|>" is always one token.
+    backend.add_special_tokens([AddedToken(tok, special=True, normalized=False) for tok in SPECIAL_TOKENS])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token=IM_END,
+        pad_token=ENDOFTEXT,
+        # Decoding must give back the exact text (no " ." -> "." clean-up), or round trips break.
+        clean_up_tokenization_spaces=False,
+        model_max_length=max_length,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def _patch_json(path: Path, updates: dict[str, Any]) -> None:
+    data = json.loads(path.read_text())
+    data.update(updates)
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def _write_model(directory: Path, settings: dict[str, Any]) -> None:
+    """Build the model and tokenizer and save every file of the checkpoint into ``directory``."""
+    import inspect
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+    from transformers.utils import logging as hf_logging
+
+    tokenizer = _build_tokenizer(settings["max_position_embeddings"])
+    vocab_size = _round_up(len(tokenizer), VOCAB_MULTIPLE)
+    eos_id = tokenizer.convert_tokens_to_ids(IM_END)
+    pad_id = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
+
+    arch = settings["arch"]
+    config_kwargs: dict[str, Any] = {
+        "vocab_size": vocab_size,
+        "hidden_size": settings["hidden_size"],
+        "intermediate_size": settings["intermediate_size"],
+        "num_hidden_layers": settings["num_layers"],
+        "num_attention_heads": settings["num_attention_heads"],
+        "num_key_value_heads": settings["num_key_value_heads"],
+        "head_dim": settings["head_dim"],
+        "hidden_act": "silu",
+        "max_position_embeddings": settings["max_position_embeddings"],
+        "rms_norm_eps": settings["rms_norm_eps"],
+        "rope_theta": settings["rope_theta"],
+        "tie_word_embeddings": settings["tie_word_embeddings"],
+        "bos_token_id": None,
+        "eos_token_id": eos_id,
+        "pad_token_id": pad_id,
+        "dtype": "float32",
+    }
+    if arch == "qwen2" and settings["head_dim"] == settings["hidden_size"] // settings["num_attention_heads"]:
+        # Qwen2's own config.json has no head_dim; keep it out unless it differs from the derived value.
+        del config_kwargs["head_dim"]
+    if arch in ("qwen3", "llama"):
+        config_kwargs["attention_bias"] = False  # Qwen2 always has q/k/v bias; these two have none.
+    if arch == "llama":
+        config_kwargs["mlp_bias"] = False
+    config = AutoConfig.for_model(arch, **config_kwargs)
+
+    # transformers' own initialisation, under a fixed seed, without disturbing the caller's RNG.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(settings["seed"])
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config = GenerationConfig(
+        do_sample=True,
+        temperature=1.0,
+        top_p=1.0,
+        # transformers fills a missing top_k with 50, which would make generate() disagree with the
+        # trainer's full-softmax log-probs. 0 disables top-k in transformers but SGLang rejects 0 when it
+        # takes its defaults from generation_config.json (only -1 or >= 1 are valid there, and -1 crashes
+        # transformers' TopKLogitsWarper); top_k = vocab_size keeps every token in both.
+        top_k=vocab_size,
+        bos_token_id=None,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+    )
+    save_kwargs: dict[str, Any] = {}
+    if "safe_serialization" in inspect.signature(model.save_pretrained).parameters:
+        save_kwargs["safe_serialization"] = True  # transformers 4.x; 5.x always writes safetensors
+    progress_bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a one-shard "Writing model shards" bar is only noise in test logs
+    try:
+        model.save_pretrained(directory, **save_kwargs)
+    finally:
+        if progress_bars:
+            hf_logging.enable_progress_bar()
+    tokenizer.save_pretrained(directory)
+
+    # Compatibility keys for readers on transformers 4.x (e.g. an SGLang image): transformers 5 stores the
+    # RoPE base only under rope_parameters and the dtype only as "dtype", and names a tokenizer class 4.x
+    # does not know. Both versions accept these keys, and 4.x reads the chat template from here.
+    _patch_json(directory / "config.json", {"rope_theta": settings["rope_theta"], "torch_dtype": "float32"})
+    _patch_json(
+        directory / "tokenizer_config.json",
+        {"tokenizer_class": "PreTrainedTokenizerFast", "chat_template": CHAT_TEMPLATE},
+    )
+    # Written last: its presence marks a complete checkpoint.
+    (directory / SETTINGS_FILE).write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
+    _apply_umask(directory)
+
+
+def _apply_umask(directory: Path) -> None:
+    """Give the checkpoint ordinary permissions (mkdtemp makes 0700, safetensors may write 0600 files).
+
+    Other users' processes (a Ray worker, an engine in a container) must be able to read it.
+    """
+    umask = os.umask(0)
+    os.umask(umask)
+    directory.chmod(0o777 & ~umask)
+    for path in directory.iterdir():
+        path.chmod(0o666 & ~umask)
+
+
+def make_tiny_model(
+    out_dir: str | os.PathLike[str],
+    *,
+    arch: str = "qwen2",
+    num_layers: int = 2,
+    hidden_size: int = 128,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+    intermediate_size: int = 512,
+    head_dim: int | None = None,
+    tie_word_embeddings: bool = True,
+    rope_theta: float = 10000.0,
+    rms_norm_eps: float = 1e-6,
+    max_position_embeddings: int = 512,
+    seed: int = 0,
+    force: bool = False,
+) -> Path:
+    """Write a tiny HF checkpoint to ``out_dir`` (or reuse the one already there) and return its path.
+
+    The defaults match ``scripts/models/tiny-qwen2.sh``. ``head_dim`` defaults to
+    hidden_size / num_attention_heads. The vocabulary is padded to a multiple of 16 so that the model has
+    unused embedding rows, as real checkpoints do.
+
+    If ``out_dir`` already holds a model made with the same settings nothing is written (cheap: no torch
+    import). A non-empty directory holding anything else raises ``FileExistsError`` unless ``force``, in
+    which case its contents are replaced. The checkpoint is built in a temporary sibling directory and
+    renamed into place, so a reader never sees a half-written model and concurrent callers asking for
+    the same model both succeed.
+    """
+    settings = _settings(
+        arch,
+        num_layers,
+        hidden_size,
+        num_attention_heads,
+        num_key_value_heads,
+        intermediate_size,
+        head_dim,
+        tie_word_embeddings,
+        rope_theta,
+        rms_norm_eps,
+        max_position_embeddings,
+        seed,
+    )
+    out = Path(out_dir).expanduser().resolve()
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"{out} exists and is not a directory")
+    if out.is_dir():
+        if _is_complete(out, settings):
+            return out
+        if any(out.iterdir()) and not force:
+            what = "a tiny model with different settings" if _read_settings(out) else "other files"
+            raise FileExistsError(
+                f"{out} is not empty (it holds {what}); pass force=True / --force to replace it"
+            )
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        _write_model(staging, settings)
+        if out.is_dir():
+            if _is_complete(out, settings):  # another process finished the same model meanwhile
+                return out
+            if any(out.iterdir()):
+                shutil.rmtree(out)  # only reachable with force=True (checked above)
+            else:
+                out.rmdir()
+        try:
+            staging.rename(out)
+        except OSError:
+            if _is_complete(out, settings):  # lost a race against an identical build
+                return out
+            raise
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return out
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="make_tiny_model.py",
+        description="Write a tiny random HF causal LM (Qwen2/Qwen3/Llama) with a character-level tokenizer.",
+    )
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--arch", choices=ARCHITECTURES, default="qwen2")
+    parser.add_argument("--num-layers", type=int, default=2)
+    parser.add_argument("--hidden-size", type=int, default=128)
+    parser.add_argument("--num-attention-heads", type=int, default=4)
+    parser.add_argument("--num-key-value-heads", type=int, default=2)
+    parser.add_argument("--intermediate-size", type=int, default=512)
+    parser.add_argument("--head-dim", type=int, default=None, help="default: hidden size / attention heads")
+    parser.add_argument("--untie-embeddings", action="store_true", help="separate output layer weights")
+    parser.add_argument("--rope-theta", type=float, default=10000.0)
+    parser.add_argument("--rms-norm-eps", type=float, default=1e-6)
+    parser.add_argument("--max-position-embeddings", type=int, default=512)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--force", action="store_true", help="replace a non-empty output directory")
+
+    def one_line_error(message: str) -> None:
+        parser.exit(2, f"{parser.prog}: error: {message}\n")
+
+    parser.error = one_line_error  # type: ignore[method-assign]
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point: one line on success (path, vocab size, special ids), one error line on failure."""
+    args = _parse_args(argv)
+    try:
+        path = make_tiny_model(
+            args.out,
+            arch=args.arch,
+            num_layers=args.num_layers,
+            hidden_size=args.hidden_size,
+            num_attention_heads=args.num_attention_heads,
+            num_key_value_heads=args.num_key_value_heads,
+            intermediate_size=args.intermediate_size,
+            head_dim=args.head_dim,
+            tie_word_embeddings=not args.untie_embeddings,
+            rope_theta=args.rope_theta,
+            rms_norm_eps=args.rms_norm_eps,
+            max_position_embeddings=args.max_position_embeddings,
+            seed=args.seed,
+            force=args.force,
+        )
+    except (ValueError, OSError) as exc:
+        print(f"make_tiny_model.py: error: {exc}", file=sys.stderr)
+        return 2
+    config = json.loads((path / "config.json").read_text())
+    ids = ", ".join(f"{tok}={i}" for i, tok in enumerate(SPECIAL_TOKENS))
+    print(f"{path}: {config['model_type']}, vocab_size={config['vocab_size']}, {ids}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

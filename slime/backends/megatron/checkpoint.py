@@ -1,0 +1,106 @@
+"""Megatron distributed checkpoints (torch_dist), laid out as Megatron-LM lays them out.
+
+``DIR/iter_0000007/`` holds the sharded model and optimizer state of rollout 7, and
+``DIR/latest_checkpointed_iteration.txt`` names the newest one, so ``--load DIR`` resumes from it.
+The writer starts worker processes with ``spawn``: a script that saves must guard its entry point
+with ``if __name__ == "__main__":``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from megatron.core import dist_checkpointing
+from megatron.core.optimizer import MegatronOptimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+from slime.backends.megatron.sharding import unwrap
+
+TRACKER_FILE = "latest_checkpointed_iteration.txt"
+_OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
+
+
+def iteration_dir(directory: str | Path, rollout_id: int) -> Path:
+    return Path(directory) / f"iter_{rollout_id:07d}"
+
+
+def latest_rollout_id(directory: str | Path) -> int | None:
+    """The rollout id named by the tracker file, or None when ``directory`` holds no checkpoint."""
+    tracker = Path(directory) / TRACKER_FILE
+    if not tracker.exists():
+        return None
+    text = tracker.read_text().strip()
+    if not text.isdigit():
+        raise ValueError(f"{tracker}: expected a rollout id, found {text!r}; delete the file to start fresh")
+    return int(text)
+
+
+def _model_key(index: int, num_chunks: int) -> str:
+    return "model" if num_chunks == 1 else f"model{index}"
+
+
+def _model_state(model: list[torch.nn.Module]) -> dict:
+    return {_model_key(i, len(model)): unwrap(chunk).sharded_state_dict() for i, chunk in enumerate(model)}
+
+
+def _sharded_state(
+    model: list[torch.nn.Module],
+    optimizer: MegatronOptimizer | None,
+    is_loading: bool,
+) -> dict:
+    state = _model_state(model)
+    if optimizer is not None:
+        state["optimizer"] = optimizer.sharded_state_dict(
+            state, is_loading=is_loading, metadata=_OPTIMIZER_METADATA
+        )
+    return state
+
+
+def save(
+    directory: str | Path,
+    rollout_id: int,
+    model: list[torch.nn.Module],
+    optimizer: MegatronOptimizer,
+    scheduler: OptimizerParamScheduler,
+    step: int,
+) -> str:
+    """Writes the checkpoint of ``rollout_id`` (a collective: every trainer rank calls it)."""
+    target = iteration_dir(directory, rollout_id)
+    if dist.get_rank() == 0:
+        target.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    state = _sharded_state(model, optimizer, is_loading=False)
+    state["scheduler"] = scheduler.state_dict()
+    state["progress"] = {"rollout_id": rollout_id, "step": step}
+    dist_checkpointing.save(state, str(target))
+    dist.barrier()
+    if dist.get_rank() == 0:
+        (Path(directory) / TRACKER_FILE).write_text(str(rollout_id))
+    dist.barrier()
+    return str(target)
+
+
+@torch.no_grad()
+def load(
+    directory: str | Path,
+    model: list[torch.nn.Module],
+    optimizer: MegatronOptimizer | None,
+    scheduler: OptimizerParamScheduler | None,
+) -> dict | None:
+    """Restores the latest checkpoint in place; returns its progress record, or None if there is none."""
+    rollout_id = latest_rollout_id(directory)
+    if rollout_id is None:
+        return None
+    state = _sharded_state(model, optimizer, is_loading=True)
+    state["scheduler"] = scheduler.state_dict() if scheduler is not None else {}
+    state["progress"] = {}
+    loaded = dist_checkpointing.load(state, str(iteration_dir(directory, rollout_id)))
+    for i, chunk in enumerate(model):
+        unwrap(chunk).load_state_dict(loaded[_model_key(i, len(model))])
+    if optimizer is not None:
+        optimizer.load_state_dict(loaded["optimizer"])
+    if scheduler is not None:
+        scheduler.load_state_dict(loaded["scheduler"])
+    return loaded["progress"]

@@ -1,0 +1,130 @@
+"""Megatron-LM flags (parsed by ``slime.config``) mapped into megatron-core's config objects.
+
+The megatron-core wheel ships no ``megatron.training`` argument parser, so this module owns the
+translation that Megatron-LM's ``core_transformer_config_from_args`` performs there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import torch
+import torch.nn.functional as F
+from megatron.core.distributed import DistributedDataParallelConfig
+from megatron.core.optimizer import OptimizerConfig
+from megatron.core.transformer import TransformerConfig
+
+from slime.utils.device import kernel_overrides
+
+
+def params_dtype(args: argparse.Namespace) -> torch.dtype:
+    """The dtype model parameters are held in (fp32 master weights live in the optimizer)."""
+    if args.bf16:
+        return torch.bfloat16
+    if args.fp16:
+        return torch.float16
+    return torch.float32
+
+
+def padded_vocab_size(args: argparse.Namespace) -> int:
+    """Vocab rounded up as Megatron-LM does, so every TP rank holds an equal slice of the embedding."""
+    multiple = args.make_vocab_size_divisible_by * args.tensor_model_parallel_size
+    return int(math.ceil(args.vocab_size / multiple) * multiple)
+
+
+def transformer_config_from_args(args: argparse.Namespace) -> TransformerConfig:
+    """Builds the TransformerConfig a GPTModel and its parallel layout are created from."""
+    dtype = params_dtype(args)
+    recompute_granularity = args.recompute_granularity
+    if args.recompute_activations:
+        recompute_granularity = "selective"
+    fields = dict(
+        num_layers=args.num_layers,
+        hidden_size=args.hidden_size,
+        ffn_hidden_size=args.ffn_hidden_size,
+        num_attention_heads=args.num_attention_heads,
+        num_query_groups=args.num_query_groups,
+        kv_channels=args.kv_channels,
+        hidden_dropout=args.hidden_dropout,
+        attention_dropout=args.attention_dropout,
+        layernorm_epsilon=args.norm_epsilon,
+        normalization=args.normalization,
+        add_bias_linear=args.add_bias_linear,
+        add_qkv_bias=args.add_qkv_bias,
+        gated_linear_unit=args.swiglu,
+        activation_func=F.silu if args.swiglu else F.gelu,
+        qk_layernorm=args.qk_layernorm,
+        init_method_std=args.init_method_std,
+        apply_residual_connection_post_layernorm=args.apply_residual_connection_post_layernorm,
+        attention_softmax_in_fp32=args.attention_softmax_in_fp32,
+        tensor_model_parallel_size=args.tensor_model_parallel_size,
+        pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+        context_parallel_size=args.context_parallel_size,
+        expert_model_parallel_size=args.expert_model_parallel_size,
+        expert_tensor_parallel_size=args.expert_tensor_parallel_size,
+        sequence_parallel=args.sequence_parallel,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=args.bf16,
+        fp16=args.fp16,
+        # Micro-batches differ in length; only pipeline p2p needs to be told (shapes are exchanged).
+        variable_seq_lengths=args.pipeline_model_parallel_size > 1,
+        moe_token_dispatcher_type=args.moe_token_dispatcher_type if args.num_experts else "alltoall",
+        recompute_granularity=recompute_granularity,
+        recompute_method=args.recompute_method,
+        recompute_num_layers=args.recompute_num_layers,
+        masked_softmax_fusion=args.masked_softmax_fusion,
+        apply_rope_fusion=args.apply_rope_fusion,
+        bias_activation_fusion=args.bias_swiglu_fusion if args.swiglu else args.bias_gelu_fusion,
+        bias_dropout_fusion=args.bias_dropout_fusion,
+        gradient_accumulation_fusion=args.gradient_accumulation_fusion,
+        persist_layer_norm=args.persist_layer_norm,
+        deallocate_pipeline_outputs=True,
+    )
+    if args.num_experts:
+        fields.update(
+            num_moe_experts=args.num_experts,
+            moe_ffn_hidden_size=args.moe_ffn_hidden_size or args.ffn_hidden_size,
+            moe_router_topk=args.moe_router_topk,
+            moe_shared_expert_intermediate_size=args.moe_shared_expert_intermediate_size,
+            moe_router_load_balancing_type=args.moe_router_load_balancing_type,
+            moe_aux_loss_coeff=args.moe_aux_loss_coeff,
+            moe_router_score_function=args.moe_router_score_function,
+            moe_router_pre_softmax=args.moe_router_pre_softmax,
+            moe_router_topk_scaling_factor=args.moe_router_topk_scaling_factor,
+            moe_grouped_gemm=args.moe_grouped_gemm,
+        )
+    fields.update(kernel_overrides())
+    return TransformerConfig(**fields)
+
+
+def optimizer_config_from_args(args: argparse.Namespace) -> OptimizerConfig:
+    """Optimizer settings; fp32 master weights are kept whenever the model runs in bf16/fp16."""
+    return OptimizerConfig(
+        optimizer=args.optimizer,
+        lr=args.lr,
+        min_lr=args.min_lr,
+        weight_decay=args.weight_decay,
+        adam_beta1=args.adam_beta1,
+        adam_beta2=args.adam_beta2,
+        adam_eps=args.adam_eps,
+        sgd_momentum=args.sgd_momentum,
+        clip_grad=args.clip_grad,
+        bf16=args.bf16,
+        fp16=args.fp16,
+        params_dtype=params_dtype(args),
+        use_distributed_optimizer=args.use_distributed_optimizer,
+        overlap_param_gather=args.overlap_param_gather,
+    )
+
+
+def ddp_config_from_args(args: argparse.Namespace) -> DistributedDataParallelConfig:
+    """Gradient buffers and reduction; grads accumulate in fp32 for bf16 training."""
+    return DistributedDataParallelConfig(
+        grad_reduce_in_fp32=args.accumulate_allreduce_grads_in_fp32 or args.bf16,
+        overlap_grad_reduce=args.overlap_grad_reduce,
+        overlap_param_gather=args.overlap_param_gather,
+        use_distributed_optimizer=args.use_distributed_optimizer,
+        check_for_nan_in_grad=False,
+    )

@@ -1,0 +1,27 @@
+"""HF <-> Megatron parameter conversion: one small module per architecture family, one registry."""
+
+from __future__ import annotations
+
+from slime.backends.megatron.conversion.base import ModelConverter
+from slime.backends.megatron.conversion.llama_like import LlamaLikeConverter
+
+_CONVERTERS: dict[str, type[ModelConverter]] = {
+    "llama": LlamaLikeConverter,
+    "qwen2": LlamaLikeConverter,
+    "qwen3": LlamaLikeConverter,
+}
+
+
+def get_converter(model_type: str, **kwargs) -> ModelConverter:
+    """The converter for an HF ``config.json`` ``model_type``; unknown types fail with the supported list."""
+    try:
+        cls = _CONVERTERS[model_type]
+    except KeyError:
+        supported = ", ".join(sorted(_CONVERTERS))
+        raise ValueError(
+            f"no HF<->Megatron converter for model_type {model_type!r}; supported: {supported}"
+        ) from None
+    return cls(**kwargs)
+
+
+__all__ = ["ModelConverter", "get_converter"]

@@ -1,0 +1,117 @@
+"""Building the megatron-core GPTModel chunks, their DDP wrappers, the optimizer and the LR schedule."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from megatron.core import parallel_state as mpu
+from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import (
+    get_gpt_layer_local_spec,
+    get_gpt_layer_with_transformer_engine_spec,
+)
+from megatron.core.optimizer import MegatronOptimizer, get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.module import Float16Module
+
+from slime.backends.megatron.config import (
+    ddp_config_from_args,
+    optimizer_config_from_args,
+    padded_vocab_size,
+)
+
+
+def _layer_spec(args: argparse.Namespace):
+    if args.transformer_impl == "transformer_engine":
+        return get_gpt_layer_with_transformer_engine_spec(
+            num_experts=args.num_experts,
+            moe_grouped_gemm=args.moe_grouped_gemm,
+            qk_layernorm=args.qk_layernorm,
+        )
+    return get_gpt_layer_local_spec(
+        num_experts=args.num_experts,
+        moe_grouped_gemm=args.moe_grouped_gemm,
+        qk_layernorm=args.qk_layernorm,
+        normalization=args.normalization,
+    )
+
+
+def _virtual_stages(args: argparse.Namespace) -> int | None:
+    if args.num_layers_per_virtual_pipeline_stage is None:
+        return None
+    layers_per_stage = args.num_layers // args.pipeline_model_parallel_size
+    return layers_per_stage // args.num_layers_per_virtual_pipeline_stage
+
+
+def build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> list[torch.nn.Module]:
+    """One GPTModel per virtual pipeline stage of this rank, unwrapped (weights are loaded next)."""
+    num_vp = _virtual_stages(args)
+    config.virtual_pipeline_model_parallel_size = num_vp
+    chunks = []
+    for vp_stage in range(num_vp or 1):
+        stage = vp_stage if num_vp else None
+        chunks.append(
+            GPTModel(
+                config=config,
+                transformer_layer_spec=_layer_spec(args),
+                vocab_size=padded_vocab_size(args),
+                max_sequence_length=args.max_position_embeddings,
+                pre_process=mpu.is_pipeline_first_stage(ignore_virtual=False, vp_stage=stage),
+                post_process=mpu.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage),
+                parallel_output=True,
+                share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
+                position_embedding_type=args.position_embedding_type,
+                rotary_percent=args.rotary_percent,
+                rotary_base=args.rotary_base,
+                rope_scaling=args.use_rope_scaling,
+                rope_scaling_factor=args.rope_scaling_factor,
+                vp_stage=stage,
+            )
+        )
+    return chunks
+
+
+def wrap_for_training(
+    args: argparse.Namespace, config: TransformerConfig, chunks: list[torch.nn.Module]
+) -> list[DistributedDataParallel]:
+    """bf16/fp16 wrapper first, then DDP with contiguous grad buffers, as Megatron-LM does."""
+    if args.bf16 or args.fp16:
+        chunks = [Float16Module(config, chunk) for chunk in chunks]
+    ddp_config = ddp_config_from_args(args)
+    wrapped = [
+        DistributedDataParallel(config, ddp_config, chunk, disable_bucketing=index > 0)
+        for index, chunk in enumerate(chunks)
+    ]
+    # Without this the DP gradients are silently never reduced.
+    config.finalize_model_grads_func = finalize_model_grads
+    return wrapped
+
+
+def build_optimizer(
+    args: argparse.Namespace, model: list[DistributedDataParallel], total_steps: int
+) -> tuple[MegatronOptimizer, OptimizerParamScheduler]:
+    """Optimizer over the DDP chunks and Megatron's LR / weight-decay schedule in optimizer steps."""
+    optimizer = get_megatron_optimizer(optimizer_config_from_args(args), model)
+    decay_steps = args.lr_decay_iters or max(total_steps, 1)
+    warmup_steps = args.lr_warmup_iters
+    if args.lr_warmup_fraction is not None:
+        warmup_steps = int(args.lr_warmup_fraction * decay_steps)
+    start_wd = args.start_weight_decay if args.start_weight_decay is not None else args.weight_decay
+    end_wd = args.end_weight_decay if args.end_weight_decay is not None else args.weight_decay
+    scheduler = OptimizerParamScheduler(
+        optimizer,
+        init_lr=args.lr_warmup_init,
+        max_lr=args.lr,
+        min_lr=args.min_lr,
+        lr_warmup_steps=warmup_steps,
+        lr_decay_steps=decay_steps,
+        lr_decay_style=args.lr_decay_style,
+        start_wd=start_wd,
+        end_wd=end_wd,
+        wd_incr_steps=decay_steps,
+        wd_incr_style=args.weight_decay_incr_style,
+    )
+    return optimizer, scheduler

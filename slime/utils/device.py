@@ -1,0 +1,160 @@
+"""The one seam between the GPU and the CPU path.
+
+Production trains on CUDA. On a machine without a GPU the same megatron-core code runs on the CPU
+with gloo, once the CUDA assumptions megatron-core hard-codes are redirected:
+
+- tensors created with ``device="cuda"`` / ``torch.cuda.current_device()`` / ``.cuda()``,
+- ``param.type() == "torch.cuda.FloatTensor"`` checks in the optimizer and grad clipping,
+- the model-parallel RNG tracker reading and writing the CUDA generator state,
+- ``torch.cuda.synchronize()`` / streams / events in the schedules and DDP buffers.
+
+A ``TorchFunctionMode`` maps every CUDA device argument to the CPU, and a handful of ``torch.cuda``
+functions are pointed at their CPU equivalents. Nothing else in the code base knows which path it
+is on: callers ask :func:`setup_device` for the device and never branch on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import warnings
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+_CUDA_TYPE_NAMES = {
+    "torch.FloatTensor": "torch.cuda.FloatTensor",
+    "torch.HalfTensor": "torch.cuda.HalfTensor",
+    "torch.BFloat16Tensor": "torch.cuda.BFloat16Tensor",
+    "torch.IntTensor": "torch.cuda.IntTensor",
+    "torch.LongTensor": "torch.cuda.LongTensor",
+    "torch.ByteTensor": "torch.cuda.ByteTensor",
+}
+
+_cpu_mode: _CudaToCpuMode | None = None
+
+
+def _as_cpu(device: Any) -> Any:
+    """Maps a CUDA device (string, ``torch.device`` or bare ordinal) to the CPU; leaves others alone."""
+    if isinstance(device, int) and not isinstance(device, bool):
+        return torch.device("cpu")
+    if isinstance(device, str) and device.startswith("cuda"):
+        return torch.device("cpu")
+    if isinstance(device, torch.device) and device.type == "cuda":
+        return torch.device("cpu")
+    return device
+
+
+class _CudaToCpuMode(TorchFunctionMode):
+    """Rewrites CUDA device arguments of every torch call to the CPU."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            name = func(*args)
+            return _CUDA_TYPE_NAMES.get(name, name)
+        if "device" in kwargs:
+            kwargs["device"] = _as_cpu(kwargs["device"])
+        kwargs.pop("pin_memory", None)
+        if func in (torch.Tensor.to,) and len(args) > 1:
+            args = (args[0], _as_cpu(args[1]), *args[2:])
+        return func(*args, **kwargs)
+
+
+class _NullStream:
+    """Stands in for ``torch.cuda.Stream``: on the CPU every op is already ordered."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def wait_stream(self, other: Any) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def record_event(self, event: Any = None) -> Any:
+        return event
+
+
+def _patch_torch_cuda() -> None:
+    """Points the ``torch.cuda`` calls megatron-core makes at CPU equivalents."""
+    cuda = torch.cuda
+    cuda.current_device = lambda: 0
+    cuda.synchronize = lambda *a, **k: None
+    cuda.empty_cache = lambda: None
+    cuda.get_rng_state = lambda device="cuda": torch.get_rng_state()
+    cuda.set_rng_state = lambda state, device="cuda": torch.set_rng_state(state)
+    cuda.random.get_rng_state = cuda.get_rng_state
+    cuda.manual_seed = lambda seed: None
+    cuda.manual_seed_all = lambda seed: None
+    cuda.Stream = _NullStream
+    cuda.current_stream = lambda *a, **k: _NullStream()
+    cuda.default_stream = lambda *a, **k: _NullStream()
+    cuda.stream = lambda *a, **k: contextlib.nullcontext()
+    cuda.nvtx.range_push = lambda *a, **k: None
+    cuda.nvtx.range_pop = lambda *a, **k: None
+    cuda.memory_allocated = lambda *a, **k: 0
+    cuda.max_memory_allocated = lambda *a, **k: 0
+    cuda.memory_reserved = lambda *a, **k: 0
+
+    from megatron.core.tensor_parallel import random as mp_random
+
+    mp_random._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
+    mp_random._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
+
+
+def _quiet_cpu_noise() -> None:
+    """Silences warnings that are only true on the CPU path and say nothing a user can act on."""
+    warnings.filterwarnings(
+        "ignore", message=".*(Transformer Engine|Apex) (and Apex )?(is|are) not installed"
+    )
+    warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not a leaf")
+    # The RNG tracker checks that the CPU generator is untouched while it swaps in the "CUDA" state;
+    # here both are the same generator, so the check always fires.
+    logging.getLogger("megatron.core.tensor_parallel.random").addFilter(
+        lambda record: "CPU RNG state changed" not in record.getMessage()
+    )
+
+
+def has_gpu() -> bool:
+    """True when CUDA is usable in this process; ``SLIME_FORCE_CPU=1`` forces the CPU path."""
+    return os.environ.get("SLIME_FORCE_CPU", "0") != "1" and torch.cuda.is_available()
+
+
+@functools.cache
+def setup_device(local_rank: int = 0) -> torch.device:
+    """Returns the device this process computes on, redirecting megatron-core once when it is the CPU."""
+    global _cpu_mode
+    if has_gpu():
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        return torch.device("cuda", torch.cuda.current_device())
+    _quiet_cpu_noise()
+    _patch_torch_cuda()
+    _cpu_mode = _CudaToCpuMode()
+    _cpu_mode.__enter__()
+    return torch.device("cpu")
+
+
+def distributed_backend() -> str:
+    """The torch.distributed backend for the trainer's own groups: NCCL on GPUs, gloo otherwise."""
+    return "nccl" if has_gpu() else "gloo"
+
+
+def kernel_overrides() -> dict[str, bool]:
+    """TransformerConfig fields whose fused CUDA kernels (apex / TE / CUDA jit) do not exist on the CPU."""
+    if has_gpu():
+        return {}
+    return {
+        "masked_softmax_fusion": False,
+        "apply_rope_fusion": False,
+        "bias_activation_fusion": False,
+        "bias_dropout_fusion": False,
+        "gradient_accumulation_fusion": False,
+        "persist_layer_norm": False,
+    }

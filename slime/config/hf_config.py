@@ -1,0 +1,241 @@
+"""Model flags vs the HF ``config.json`` of ``--hf-checkpoint``.
+
+Trainers build a Megatron model from the Megatron flags and load HF weights into it; engines
+load the same HF directory. If the two disagree the run fails (or, worse, trains a different
+model) long after start-up, so every model flag is checked here:
+
+* a flag the user left out is filled from ``config.json`` (``--hf-checkpoint`` alone is enough);
+* a flag the user gave must match ``config.json``, or one ``ConfigError`` names it and the fix.
+
+"Left out" is decided by the caller (``given``): ``parse_args`` knows the exact command line.
+Only keys that Llama/Qwen-style configs spell out are read; a key that ``config.json`` does not
+have is neither filled nor checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from slime.config.errors import ConfigError
+
+CONFIG_NAME = "config.json"
+_SOURCE_HINT = "(or source the right scripts/models/*.sh)"
+
+# Model families whose attention shape is fixed by model_type rather than spelled in config.json.
+_QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe"})
+_NO_QK_NORM_TYPES = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe"})
+_QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_moe"})  # Qwen2 hard-codes bias=True on q/k/v
+_NO_BIAS_TYPES = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"})
+
+# What config.json implies for a flag: (value, "key=value" for the message), or None if it is silent.
+Reading = tuple[Any, str] | None
+
+
+def load_hf_config(hf_checkpoint: str) -> tuple[dict[str, Any], str]:
+    """Read ``<hf_checkpoint>/config.json``; returns the (text-model) config and its path."""
+    path = os.path.join(hf_checkpoint, CONFIG_NAME)
+    if not os.path.isdir(hf_checkpoint):
+        raise ConfigError(
+            "--hf-checkpoint", f"{hf_checkpoint} is not a directory; pass an HF model directory"
+        )
+    if not os.path.isfile(path):
+        raise ConfigError(
+            "--hf-checkpoint", f"{hf_checkpoint} has no {CONFIG_NAME}; pass an HF model directory"
+        )
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ConfigError("--hf-checkpoint", f"cannot read {path} ({e}); fix or replace the file") from e
+    if not isinstance(config, dict):
+        raise ConfigError("--hf-checkpoint", f"{path} is not a JSON object; fix or replace the file")
+    # Multimodal checkpoints (e.g. Qwen2.5-VL) keep the language model under text_config.
+    text = config.get("text_config")
+    if "num_hidden_layers" not in config and isinstance(text, dict):
+        config = {**config, **text}
+    return config, path
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, bool) or value is None else str(value)
+
+
+def _key(*names: str) -> Callable[[dict], Reading]:
+    def read(cfg: dict) -> Reading:
+        for name in names:
+            if cfg.get(name) is not None:
+                return cfg[name], f"{name}={_show(cfg[name])}"
+        return None
+
+    return read
+
+
+def _rope_theta(cfg: dict) -> Reading:
+    theta, where = cfg.get("rope_theta"), "rope_theta"
+    params = cfg.get("rope_parameters")  # transformers 5 moved it here
+    if theta is None and isinstance(params, dict) and params.get("rope_theta") is not None:
+        theta, where = params["rope_theta"], "rope_parameters.rope_theta"
+    if theta is None:
+        return None
+    theta = int(theta) if float(theta).is_integer() else theta
+    return theta, f"{where}={theta}"
+
+
+def _position_embedding(cfg: dict) -> Reading:
+    reading = _rope_theta(cfg)
+    return ("rope", reading[1]) if reading else None
+
+
+def _normalization(cfg: dict) -> Reading:
+    if "rms_norm_eps" in cfg:
+        return "RMSNorm", f"rms_norm_eps={cfg['rms_norm_eps']} (RMSNorm)"
+    for key in ("layer_norm_eps", "layer_norm_epsilon"):
+        if key in cfg:
+            return "LayerNorm", f"{key}={cfg[key]} (LayerNorm)"
+    return None
+
+
+def _swiglu(cfg: dict) -> Reading:
+    act = cfg.get("hidden_act")
+    return (act in ("silu", "swish"), f"hidden_act={act}") if isinstance(act, str) else None
+
+
+def _untie(cfg: dict) -> Reading:
+    # A missing key is read as False: the default of LlamaConfig, Qwen2Config and Qwen3(-MoE)Config.
+    tied = bool(cfg.get("tie_word_embeddings", False))
+    return not tied, f"tie_word_embeddings={_show(tied)}"
+
+
+def _qk_layernorm(cfg: dict) -> Reading:
+    model_type = cfg.get("model_type")
+    if model_type in _QK_NORM_TYPES:
+        return True, f"model_type={model_type} (QK layernorm)"
+    if model_type in _NO_QK_NORM_TYPES:
+        return False, f"model_type={model_type} (no QK layernorm)"
+    return None
+
+
+def _qkv_bias(cfg: dict) -> Reading:
+    model_type = cfg.get("model_type")
+    if model_type in _QKV_BIAS_TYPES:
+        return True, f"model_type={model_type} (QKV bias)"
+    if "attention_bias" in cfg:
+        return bool(cfg["attention_bias"]), f"attention_bias={_show(cfg['attention_bias'])}"
+    if model_type in _NO_BIAS_TYPES:
+        return False, f"model_type={model_type} (no QKV bias)"
+    return None
+
+
+def _bias_linear(cfg: dict) -> Reading:
+    if "mlp_bias" in cfg:
+        return bool(cfg["mlp_bias"]), f"mlp_bias={_show(cfg['mlp_bias'])}"
+    model_type = cfg.get("model_type")
+    if model_type in _NO_BIAS_TYPES:
+        return False, f"model_type={model_type} (no linear bias)"
+    return None
+
+
+@dataclass(frozen=True)
+class _Rule:
+    dest: str
+    flag: str
+    read: Callable[[dict], Reading]
+    switch: bool = False  # the flag takes no value, so a mismatch is fixed by dropping it
+    check: bool = True  # False: only fill when omitted (a different value is a legitimate choice)
+
+
+_RULES: tuple[_Rule, ...] = (
+    _Rule("num_layers", "--num-layers", _key("num_hidden_layers")),
+    _Rule("hidden_size", "--hidden-size", _key("hidden_size")),
+    _Rule("num_attention_heads", "--num-attention-heads", _key("num_attention_heads")),
+    _Rule("ffn_hidden_size", "--ffn-hidden-size", _key("intermediate_size")),
+    _Rule("kv_channels", "--kv-channels", _key("head_dim")),
+    _Rule("vocab_size", "--vocab-size", _key("vocab_size")),
+    _Rule(
+        "max_position_embeddings", "--max-position-embeddings", _key("max_position_embeddings"), check=False
+    ),
+    _Rule("position_embedding_type", "--position-embedding-type", _position_embedding),
+    _Rule("rotary_base", "--rotary-base", _rope_theta),
+    _Rule("normalization", "--normalization", _normalization),
+    _Rule("norm_epsilon", "--norm-epsilon", _key("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon")),
+    _Rule("swiglu", "--swiglu", _swiglu, switch=True),
+    _Rule(
+        "untie_embeddings_and_output_weights", "--untie-embeddings-and-output-weights", _untie, switch=True
+    ),
+    _Rule("qk_layernorm", "--qk-layernorm", _qk_layernorm, switch=True),
+    _Rule("add_qkv_bias", "--add-qkv-bias", _qkv_bias, switch=True),
+    _Rule("add_bias_linear", "--disable-bias-linear", _bias_linear, switch=True),
+    _Rule("num_experts", "--num-experts", _key("num_experts", "num_local_experts")),
+    _Rule("moe_router_topk", "--moe-router-topk", _key("num_experts_per_tok")),
+    _Rule("moe_ffn_hidden_size", "--moe-ffn-hidden-size", _key("moe_intermediate_size")),
+    _Rule(
+        "moe_shared_expert_intermediate_size",
+        "--moe-shared-expert-intermediate-size",
+        _key("shared_expert_intermediate_size"),
+    ),
+)
+
+
+def _same(a: Any, b: Any) -> bool:
+    def is_number(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+    if is_number(a) and is_number(b):
+        return math.isclose(a, b, rel_tol=1e-12, abs_tol=0.0)
+    return a == b
+
+
+def _mismatch(flag: str, given: Any, desc: str, fix: str, path: str) -> ConfigError:
+    return ConfigError(flag, f"{given} does not match {desc} in {path}; {fix} {_SOURCE_HINT}")
+
+
+def apply_hf_config(
+    args: argparse.Namespace, config: dict[str, Any], path: str, given: Callable[[str], bool]
+) -> None:
+    """Fill omitted model flags from ``config`` and check the given ones against it."""
+    for rule in _RULES:
+        reading = rule.read(config)
+        if reading is None:
+            continue
+        value, desc = reading
+        if not given(rule.dest):
+            setattr(args, rule.dest, value)
+        elif rule.check and not _same(getattr(args, rule.dest), value):
+            if rule.switch:
+                message = f"given, but {path} has {desc}; drop {rule.flag} {_SOURCE_HINT}"
+                raise ConfigError(rule.flag, message)
+            fix = f"use {rule.flag} {value}"
+            raise _mismatch(rule.flag, getattr(args, rule.dest), desc, fix, path)
+    _apply_query_groups(args, config, path, given)
+
+
+def _apply_query_groups(
+    args: argparse.Namespace, config: dict[str, Any], path: str, given: Callable[[str], bool]
+) -> None:
+    """GQA is two Megatron flags for one HF key, so it gets its own rule.
+
+    Without ``--group-query-attention`` Megatron ignores ``--num-query-groups`` (every head is its
+    own group); a config with fewer KV heads than heads therefore turns GQA on when the flag was
+    left out, and a given ``--num-query-groups`` must equal ``num_key_value_heads``.
+    """
+    heads = args.num_attention_heads
+    kv_heads = config.get("num_key_value_heads")
+    if kv_heads is None:
+        kv_heads = config.get("num_attention_heads")  # HF's default: plain multi-head attention
+    if kv_heads is None or heads is None:
+        return
+    if not given("group_query_attention"):
+        args.group_query_attention = kv_heads != heads
+    if given("num_query_groups"):
+        if args.num_query_groups != kv_heads:
+            desc = f"num_key_value_heads={kv_heads}"
+            fix = f"use --num-query-groups {kv_heads}"
+            raise _mismatch("--num-query-groups", args.num_query_groups, desc, fix, path)
+    else:
+        args.num_query_groups = kv_heads

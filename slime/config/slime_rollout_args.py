@@ -1,0 +1,179 @@
+"""slime's own flags, rollout side: cluster, rollout, data, reward, evaluation."""
+
+from __future__ import annotations
+
+import argparse
+
+DEFAULT_ROLLOUT_FUNCTION_PATH = "slime.rollout.sglang_rollout.generate_rollout"
+
+
+def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("slime: cluster")
+    g.add_argument("--actor-num-nodes", type=int, default=1, help="Nodes running trainer workers.")
+    g.add_argument("--actor-num-gpus-per-node", type=int, default=1, help="Trainer GPUs per node.")
+    g.add_argument(
+        "--rollout-num-gpus",
+        type=int,
+        default=None,
+        help="GPUs for rollout engines (with --colocate: the trainer's GPUs, derived).",
+    )
+    g.add_argument(
+        "--rollout-num-gpus-per-engine", type=int, default=1, help="GPUs per engine (its TP size)."
+    )
+    g.add_argument(
+        "--colocate", action="store_true", help="Run trainers and engines on the same GPUs, taking turns."
+    )
+    g.add_argument(
+        "--rollout-backend",
+        choices=["sglang", "torch"],
+        default=None,
+        help="Engine backend (default: sglang when installed, else the in-repo torch engine).",
+    )
+    g.add_argument(
+        "--ray-address", type=str, default=None, help="Ray cluster to join (default: start a local one)."
+    )
+    g.add_argument(
+        "--num-gpus-per-node",
+        type=int,
+        default=8,
+        help="GPUs per physical node; engines larger than this span nodes.",
+    )
+
+
+def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("slime: rollout")
+    g.add_argument(
+        "--hf-checkpoint",
+        type=str,
+        default=None,
+        help="HF model directory (config.json, weights, tokenizer) that trainers and engines load.",
+    )
+    g.add_argument(
+        "--rollout-function-path",
+        type=str,
+        default=DEFAULT_ROLLOUT_FUNCTION_PATH,
+        help="Dotted path of the function that produces one rollout.",
+    )
+    g.add_argument(
+        "--custom-generate-function-path",
+        type=str,
+        default=None,
+        help="Dotted path of a per-sample generate function (e.g. multi-turn, tools).",
+    )
+    g.add_argument("--rollout-batch-size", type=int, default=None, help="Prompts per rollout (required).")
+    g.add_argument("--n-samples-per-prompt", type=int, default=1, help="Responses sampled per prompt.")
+    g.add_argument(
+        "--over-sampling-batch-size",
+        type=int,
+        default=None,
+        help="Prompts submitted per sampling round when filtering (default: --rollout-batch-size).",
+    )
+    g.add_argument("--rollout-temperature", type=float, default=1.0, help="Sampling temperature.")
+    g.add_argument("--rollout-top-p", type=float, default=1.0, help="Nucleus sampling threshold.")
+    g.add_argument("--rollout-top-k", type=int, default=-1, help="Top-k sampling (-1 = off).")
+    g.add_argument(
+        "--rollout-max-response-len", type=int, default=1024, help="Maximum new tokens per response."
+    )
+    g.add_argument(
+        "--rollout-max-prompt-len", type=int, default=None, help="Drop prompts longer than this (tokens)."
+    )
+    g.add_argument("--rollout-stop", nargs="+", default=None, help="Stop strings.")
+    g.add_argument("--rollout-stop-token-ids", nargs="+", type=int, default=None, help="Stop token ids.")
+    g.add_argument(
+        "--rollout-skip-special-tokens",
+        action="store_true",
+        help="Drop special tokens from the decoded response text.",
+    )
+    g.add_argument("--rollout-seed", type=int, default=42, help="Seed of prompt shuffling and sampling.")
+    g.add_argument("--rollout-shuffle", action="store_true", help="Shuffle the prompts each epoch.")
+    g.add_argument(
+        "--sglang-server-concurrency",
+        type=int,
+        default=512,
+        help="Maximum in-flight requests per engine (a slime flag, not passed to SGLang).",
+    )
+    g.add_argument(
+        "--num-rollout",
+        type=int,
+        default=None,
+        help="Rollouts (training steps) to run; derived from --num-epoch when omitted.",
+    )
+    g.add_argument(
+        "--num-epoch",
+        type=int,
+        default=None,
+        help="Passes over --prompt-data; sets --num-rollout once the data size is known.",
+    )
+    g.add_argument(
+        "--partial-rollout",
+        action="store_true",
+        help="Keep aborted, unfinished responses and continue them in the next rollout.",
+    )
+
+
+def add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("slime: data")
+    g.add_argument(
+        "--prompt-data",
+        type=str,
+        default=None,
+        help="Prompt file, JSONL or Parquet, optionally sliced as PATH@[start:end].",
+    )
+    g.add_argument("--input-key", type=str, default="input", help="Field holding the prompt.")
+    g.add_argument("--label-key", type=str, default=None, help="Field holding the label for the reward.")
+    g.add_argument("--metadata-key", type=str, default="metadata", help="Field holding per-sample metadata.")
+    g.add_argument("--tool-key", type=str, default=None, help="Field holding tool schemas for the template.")
+    g.add_argument(
+        "--apply-chat-template", action="store_true", help="Wrap prompts with the tokenizer's chat template."
+    )
+
+
+def add_reward_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("slime: reward")
+    g.add_argument(
+        "--rm-type", type=str, default=None, help="Built-in reward function, e.g. math, exact or remote."
+    )
+    g.add_argument(
+        "--custom-rm-path", type=str, default=None, help="Dotted path of a custom reward function."
+    )
+    g.add_argument(
+        "--group-rm",
+        action="store_true",
+        help="Call the custom reward function once per prompt group instead of per sample.",
+    )
+    g.add_argument(
+        "--rm-url", type=str, default=None, help="URL of a remote reward model (--rm-type remote)."
+    )
+    g.add_argument(
+        "--reward-key", type=str, default=None, help="Key to read when the reward function returns a dict."
+    )
+
+
+def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("slime: evaluation")
+    g.add_argument("--eval-interval", type=int, default=None, help="Evaluate every this many rollouts.")
+    g.add_argument(
+        "--eval-prompt-data",
+        nargs="+",
+        default=None,
+        metavar="NAME PATH",
+        help="Evaluation sets as NAME PATH pairs.",
+    )
+    g.add_argument("--n-samples-per-eval-prompt", type=int, default=1, help="Responses per eval prompt.")
+    g.add_argument(
+        "--eval-max-response-len", type=int, default=None, help="Eval max new tokens (default: rollout's)."
+    )
+    g.add_argument(
+        "--eval-temperature", type=float, default=None, help="Eval temperature (default: rollout's)."
+    )
+    g.add_argument("--eval-top-p", type=float, default=None, help="Eval top-p (default: rollout's).")
+    g.add_argument("--eval-top-k", type=int, default=None, help="Eval top-k (default: rollout's).")
+    g.add_argument(
+        "--skip-eval-before-train", action="store_true", help="Do not evaluate before the first rollout."
+    )
+    g.add_argument(
+        "--eval-input-key", type=str, default=None, help="Prompt field of eval data (default: --input-key)."
+    )
+    g.add_argument(
+        "--eval-label-key", type=str, default=None, help="Label field of eval data (default: --label-key)."
+    )

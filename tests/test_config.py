@@ -182,6 +182,22 @@ def test_rope_theta_under_rope_parameters_and_missing_tie_means_untied(tmp_path:
     assert args.rotary_base == 1_000_000 and args.untie_embeddings_and_output_weights is True
 
 
+def test_llama3_rope_scaling_is_filled_and_checked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    hf = make_hf(tmp_path, model_type="llama", rope_scaling=scaling)
+    args = parse_args(base(hf))
+    assert args.use_rope_scaling and args.rope_scaling_factor == 8.0
+    expect_error(capsys, base(hf, "--rope-scaling-factor", "4"), "--rope-scaling-factor")
+    (tmp_path / "plain").mkdir()
+    plain = make_hf(tmp_path / "plain", model_type="llama")
+    assert not parse_args(base(plain)).use_rope_scaling
+    assert "--use-rope-scaling" in expect_error(
+        capsys, base(plain, "--use-rope-scaling"), "--use-rope-scaling"
+    )
+
+
 def test_ffn_and_kv_channels_fall_back_to_megatron_rules(tmp_path: Path) -> None:
     hf = make_hf(tmp_path, intermediate_size=None, head_dim=None, hidden_act=None)
     args = parse_args(base(hf))

@@ -87,6 +87,38 @@ def _rope_theta(cfg: dict) -> Reading:
     return theta, f"{where}={theta}"
 
 
+def _rope_scaling(cfg: dict) -> tuple[dict, str] | None:
+    """The RoPE scaling block and where it lives, or None when config.json has no RoPE settings."""
+    for key in ("rope_scaling", "rope_parameters"):  # transformers 4 / transformers 5
+        block = cfg.get(key)
+        if isinstance(block, dict):
+            return block, key
+    if "rope_scaling" in cfg or _rope_theta(cfg) is not None:
+        return {}, "rope_scaling"  # RoPE without scaling (rope_scaling: null or absent)
+    return None
+
+
+def _use_rope_scaling(cfg: dict) -> Reading:
+    # --use-rope-scaling is Megatron-LM's name for Llama-3.x scaling; other schemes (yarn, ...) are
+    # not expressible with it, so they are neither filled nor checked.
+    found = _rope_scaling(cfg)
+    if found is None:
+        return None
+    block, key = found
+    kind = block.get("rope_type", block.get("type", "default"))
+    if kind not in ("llama3", "default"):
+        return None
+    return kind == "llama3", f"{key}.rope_type={kind}"
+
+
+def _rope_scaling_factor(cfg: dict) -> Reading:
+    found = _rope_scaling(cfg)
+    if found is None or found[0].get("rope_type", found[0].get("type")) != "llama3":
+        return None
+    block, key = found
+    return (block["factor"], f"{key}.factor={block['factor']}") if "factor" in block else None
+
+
 def _position_embedding(cfg: dict) -> Reading:
     reading = _rope_theta(cfg)
     return ("rope", reading[1]) if reading else None
@@ -162,6 +194,8 @@ _RULES: tuple[_Rule, ...] = (
     ),
     _Rule("position_embedding_type", "--position-embedding-type", _position_embedding),
     _Rule("rotary_base", "--rotary-base", _rope_theta),
+    _Rule("use_rope_scaling", "--use-rope-scaling", _use_rope_scaling, switch=True),
+    _Rule("rope_scaling_factor", "--rope-scaling-factor", _rope_scaling_factor),
     _Rule("normalization", "--normalization", _normalization),
     _Rule("norm_epsilon", "--norm-epsilon", _key("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon")),
     _Rule("swiglu", "--swiglu", _swiglu, switch=True),

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-AGGREGATION_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
+from slime.config.slime_train_args import LOSS_AGGREGATION_MODES
 
 
 def loss_weights(loss_masks: Sequence[Sequence[int]], mode: str = "token_mean") -> list[float]:
@@ -31,7 +31,7 @@ def loss_weights(loss_masks: Sequence[Sequence[int]], mode: str = "token_mean") 
         return [1.0 / (num_samples * n) if n else 0.0 for n in counts]
     if mode == "seq_mean_token_sum":
         return [1.0 / num_samples if n else 0.0 for n in counts]
-    raise ValueError(f"unknown loss aggregation mode {mode!r}; choose one of {AGGREGATION_MODES}")
+    raise ValueError(f"unknown loss aggregation mode {mode!r}; choose one of {LOSS_AGGREGATION_MODES}")
 
 
 def weighted_token_sum(

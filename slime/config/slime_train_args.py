@@ -14,6 +14,7 @@ ADVANTAGE_ESTIMATORS = (
     "cispo",
     "ppo",
 )
+LOSS_AGGREGATION_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
 
 
 def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,6 +57,12 @@ def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--kl-coef", type=float, default=0.0, help="KL penalty folded into the reward.")
     g.add_argument("--entropy-coef", type=float, default=0.0, help="Weight of the entropy bonus.")
+    g.add_argument(
+        "--loss-agg-mode",
+        choices=LOSS_AGGREGATION_MODES,
+        default="token_mean",
+        help="How token losses of a global batch become one scalar (seq_mean_token_sum: Dr. GRPO).",
+    )
     g.add_argument(
         "--disable-grpo-std-normalization",
         action="store_true",

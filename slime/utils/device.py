@@ -158,3 +158,11 @@ def kernel_overrides() -> dict[str, bool]:
         "gradient_accumulation_fusion": False,
         "persist_layer_norm": False,
     }
+
+
+def worker_env(processes_per_node: int) -> dict[str, str]:
+    """Environment for worker processes: on the CPU, split the cores so workers do not oversubscribe."""
+    if has_gpu():
+        return {}
+    threads = max(1, (os.cpu_count() or 1) // max(processes_per_node, 1))
+    return {"OMP_NUM_THREADS": str(threads), "SLIME_FORCE_CPU": os.environ.get("SLIME_FORCE_CPU", "0")}

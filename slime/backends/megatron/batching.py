@@ -16,7 +16,8 @@ TrainData = dict[str, list]
 that turns a sample's token sum into its share of the global loss; see ``slime.algorithms.aggregation``).
 Algorithms add their own per-sample keys (``advantages``, ``old_log_probs``, ...)."""
 
-REQUIRED_KEYS = ("tokens", "response_lengths", "loss_masks", "loss_weights")
+SAMPLE_KEYS = ("tokens", "response_lengths", "loss_masks")
+REQUIRED_KEYS = (*SAMPLE_KEYS, "loss_weights")
 
 
 @dataclass
@@ -41,9 +42,9 @@ class MicroBatch:
         return out
 
 
-def check_train_data(data: TrainData) -> int:
+def check_train_data(data: TrainData, required: tuple[str, ...] = REQUIRED_KEYS) -> int:
     """Number of samples; fails loudly on missing keys or ragged lists (a driver bug, not user input)."""
-    missing = [key for key in REQUIRED_KEYS if key not in data]
+    missing = [key for key in required if key not in data]
     if missing:
         raise KeyError(f"train data lacks {missing}; it has {sorted(data)}")
     sizes = {key: len(values) for key, values in data.items()}

@@ -45,6 +45,24 @@ def _model_state(model: list[torch.nn.Module]) -> dict:
     return {_model_key(i, len(model)): unwrap(chunk).sharded_state_dict() for i, chunk in enumerate(model)}
 
 
+def _materialize_optimizer_state(optimizer: MegatronOptimizer) -> None:
+    """Gives a fresh optimizer state tensors to load into, as Megatron does for its FSDP path.
+
+    A sharded load fills existing state in place, and torch's Adam creates its state (``step``,
+    moments) only on the first step: so take one step with zero gradients. Everything it touches is
+    overwritten by the load right after.
+    """
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        torch_optimizer = inner.optimizer
+        if torch_optimizer is None or len(torch_optimizer.state) > 0:
+            continue
+        for group in torch_optimizer.param_groups:
+            for param in group["params"]:
+                param.grad = torch.zeros_like(param)
+        torch_optimizer.step()
+        torch_optimizer.zero_grad()
+
+
 def _sharded_state(
     model: list[torch.nn.Module],
     optimizer: MegatronOptimizer | None,
@@ -93,6 +111,8 @@ def load(
     rollout_id = latest_rollout_id(directory)
     if rollout_id is None:
         return None
+    if optimizer is not None:
+        _materialize_optimizer_state(optimizer)
     state = _sharded_state(model, optimizer, is_loading=True)
     state["scheduler"] = scheduler.state_dict() if scheduler is not None else {}
     state["progress"] = {}

@@ -1,0 +1,142 @@
+"""N Megatron trainer ranks as Ray actors on GPU bundles, driven as one group.
+
+The driver puts a rollout's samples into the object store once; every rank fetches it and keeps the
+data-parallel shard it owns (``slime.ray.train_data``), so the driver never needs to know how
+Megatron orders ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import socket
+from typing import Any
+
+import ray
+from ray.util.placement_group import PlacementGroup
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from slime.backends.megatron.batching import TrainData
+from slime.utils.device import worker_env
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+@ray.remote(num_gpus=1)
+class TrainerActor:
+    """One trainer rank. Megatron is imported inside the actor, never on the driver."""
+
+    def __init__(self, args: argparse.Namespace, rank: int, world_size: int) -> None:
+        self.args, self.rank, self.world_size = args, rank, world_size
+        self.trainer = None
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        return ray.util.get_node_ip_address(), _free_port()
+
+    def init(self, master_addr: str, master_port: int) -> int | None:
+        """Builds the model from ``--hf-checkpoint``, resumes ``--load``; returns the loaded rollout id."""
+        from slime.backends.megatron.trainer import MegatronTrainer
+
+        self.trainer = MegatronTrainer(self.args, self.rank, self.world_size, master_addr, master_port)
+        if self.args.load:
+            return self.trainer.load(self.args.load)
+        return None
+
+    def compute_log_probs(self, data: TrainData, temperature: float) -> tuple[int, list] | None:
+        """``(data-parallel rank, log-probs of its shard)`` from one reporting rank per shard, else None."""
+        from megatron.core import parallel_state as mpu
+
+        from slime.ray.train_data import step_shard
+
+        dp_rank = mpu.get_data_parallel_rank()
+        shard = step_shard(data, 0, 1, dp_rank, mpu.get_data_parallel_world_size())
+        log_probs = self.trainer.compute_log_probs(shard, temperature)
+        reporting = mpu.get_tensor_model_parallel_rank() == 0 and mpu.get_context_parallel_rank() == 0
+        return (dp_rank, log_probs) if log_probs is not None and reporting else None
+
+    def train(self, data: TrainData) -> list[dict[str, float]]:
+        """``--num-steps-per-rollout`` optimizer steps over one rollout; metrics of every step."""
+        from megatron.core import parallel_state as mpu
+
+        from slime.ray.train_data import step_shard
+
+        steps = self.args.num_steps_per_rollout
+        metrics = []
+        for step in range(steps):
+            shard = step_shard(
+                data,
+                step,
+                steps,
+                mpu.get_data_parallel_rank(),
+                mpu.get_data_parallel_world_size(),
+                self.args.loss_agg_mode,
+            )
+            metrics.append(self.trainer.train_step(shard))
+        return metrics
+
+    def hf_state_dict(self) -> dict | None:
+        return self.trainer.hf_state_dict()
+
+    def save(self, directory: str, rollout_id: int) -> str:
+        return self.trainer.save(directory, rollout_id)
+
+    def close(self) -> None:
+        if self.trainer is not None:
+            self.trainer.close()
+
+
+class TrainerGroup:
+    """The trainer world: one actor per bundle, initialised together, called together."""
+
+    def __init__(self, args: argparse.Namespace, pg: PlacementGroup, bundle_indices: list[int]) -> None:
+        self.args = args
+        world_size = len(bundle_indices)
+        env = {"runtime_env": {"env_vars": worker_env(processes_per_node=world_size)}}
+        self.actors = [
+            TrainerActor.options(
+                num_cpus=0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index),
+                **env,
+            ).remote(args, rank, world_size)
+            for rank, index in enumerate(bundle_indices)
+        ]
+
+    def init(self) -> int | None:
+        """Builds every rank; returns the rollout id a ``--load`` checkpoint ended at (None: fresh)."""
+        addr, port = ray.get(self.actors[0].rendezvous_address.remote())
+        loaded = ray.get([actor.init.remote(addr, port) for actor in self.actors])
+        return loaded[0]
+
+    def _call(self, method: str, *args: Any) -> list:
+        return ray.get([getattr(actor, method).remote(*args) for actor in self.actors])
+
+    def train(self, data: TrainData) -> list[dict[str, float]]:
+        """Trains on one rollout; returns rank 0's per-step metrics (already reduced over the world)."""
+        return self._call("train", ray.put(data))[0]
+
+    def compute_log_probs(self, data: TrainData, temperature: float = 1.0) -> list:
+        """Response log-probs of every sample, in order (gathered from the last pipeline stage)."""
+        results = self._call("compute_log_probs", ray.put(data), temperature)
+        shards = sorted(result for result in results if result is not None)
+        return [log_prob for _, part in shards for log_prob in part]
+
+    def hf_state_dict(self) -> dict:
+        return self._call("hf_state_dict")[0]
+
+    def save(self, rollout_id: int) -> str:
+        return self._call("save", self.args.save, rollout_id)[0]
+
+    def shutdown(self) -> None:
+        """Closes the process groups and kills the actors; safe to call twice."""
+        if not self.actors:
+            return
+        # Best effort: the actors may already be dead or stuck; they are killed right after.
+        with contextlib.suppress(Exception):
+            ray.get([actor.close.remote() for actor in self.actors], timeout=60)
+        for actor in self.actors:
+            ray.kill(actor)
+        self.actors = []

@@ -1,0 +1,123 @@
+"""Pure pieces of the training path, against hand-computed values."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from slime.algorithms.aggregation import loss_weights, weighted_token_sum
+from slime.algorithms.losses import sft_loss
+from slime.backends.megatron.batching import make_micro_batches
+from slime.backends.megatron.conversion import get_converter
+from slime.backends.megatron.conversion.base import ModelShape
+from slime.ray.train_data import step_shard
+
+MASKS = [[1, 1, 0], [1], [0, 0], [1, 1, 1, 1]]  # 2, 1, 0 and 4 unmasked tokens
+
+
+def test_token_mean_weights_every_unmasked_token_equally():
+    assert loss_weights(MASKS, "token_mean") == [1 / 7] * 4
+
+
+def test_seq_mean_token_mean_averages_within_then_across_samples():
+    assert loss_weights(MASKS, "seq_mean_token_mean") == [1 / 8, 1 / 4, 0.0, 1 / 16]
+
+
+def test_seq_mean_token_sum_ignores_lengths():
+    assert loss_weights(MASKS, "seq_mean_token_sum") == [1 / 4, 1 / 4, 0.0, 1 / 4]
+
+
+def test_unknown_aggregation_mode_names_the_choices():
+    with pytest.raises(ValueError, match="token_mean"):
+        loss_weights(MASKS, "mean")
+
+
+def test_weighted_token_sum_and_sft_loss_by_hand():
+    values = [torch.tensor([-1.0, -2.0, -3.0]), torch.tensor([-4.0])]
+    masks = [torch.tensor([1.0, 1.0, 0.0]), torch.tensor([1.0])]
+    # token mean over the 3 unmasked tokens: (1 + 2 + 4) / 3
+    assert weighted_token_sum(values, masks, [1 / 3, 1 / 3]).item() == pytest.approx(-7 / 3)
+    assert sft_loss(values, masks, [1 / 3, 1 / 3]).item() == pytest.approx(7 / 3)
+
+
+def rollout(n):
+    return {
+        "tokens": [[i] * (i + 2) for i in range(n)],
+        "response_lengths": [1 + i % 2 for i in range(n)],
+        "loss_masks": [[1] * (1 + i % 2) for i in range(n)],
+    }
+
+
+def test_step_shards_cover_each_step_once_and_share_its_weights():
+    data = rollout(8)  # 2 steps × 2 DP ranks × 2 samples
+    seen = []
+    for step in range(2):
+        total_weight = 0.0
+        for rank in range(2):
+            shard = step_shard(data, step, 2, rank, 2)
+            seen.extend(t[0] for t in shard["tokens"])
+            total_weight += sum(
+                w * len(m) for w, m in zip(shard["loss_weights"], shard["loss_masks"], strict=True)
+            )
+        assert total_weight == pytest.approx(1.0)  # token mean: weights sum to one over a step
+    assert seen == list(range(8))
+
+
+def test_step_shard_rejects_uneven_splits():
+    with pytest.raises(ValueError, match="do not split"):
+        step_shard(rollout(6), 0, 2, 0, 2)
+
+
+def test_micro_batches_pad_right_and_slice_responses():
+    data = {**rollout(3), "loss_weights": [1.0, 1.0, 1.0]}
+    batches = make_micro_batches(data, 2, torch.device("cpu"))
+    assert [b.tokens.shape for b in batches] == [torch.Size([2, 3]), torch.Size([1, 4])]
+    assert batches[0].tokens.tolist() == [[0, 0, 0], [1, 1, 1]]  # sample 0 padded with id 0
+    per_position = torch.arange(2 * 2).reshape(2, 2).float()  # next-token values at positions 0..1
+    # sample 0: length 2, 1 response token -> position 0; sample 1: length 3, 2 tokens -> positions 0..1
+    assert [s.tolist() for s in batches[0].response_slices(per_position)] == [[0.0], [2.0, 3.0]]
+
+
+def shape(**kw):
+    base = dict(
+        num_attention_heads=4,
+        num_query_groups=2,
+        head_dim=3,
+        hidden_size=5,
+        vocab_size=7,
+        padded_vocab_size=8,
+        tie_word_embeddings=True,
+    )
+    return ModelShape(**{**base, **kw})
+
+
+def test_qkv_fusion_groups_query_heads_with_their_kv_head():
+    conv = get_converter("qwen2", shape=shape())
+    q = torch.arange(12.0).reshape(12, 1)  # 4 heads × 3 dims
+    k = 100 + torch.arange(6.0).reshape(6, 1)  # 2 groups × 3
+    v = 200 + torch.arange(6.0).reshape(6, 1)
+    hf = {f"model.layers.0.self_attn.{p}_proj.weight": t for p, t in zip("qkv", (q, k, v), strict=True)}
+    fused = conv.megatron_from_hf("decoder.layers.0.self_attention.linear_qkv.weight", hf.__getitem__)
+    expected_group0 = [*range(6), 100, 101, 102, 200, 201, 202]
+    assert fused[:12, 0].tolist() == expected_group0
+    back = dict(conv.hf_from_megatron("decoder.layers.0.self_attention.linear_qkv.weight", fused))
+    assert all(torch.equal(back[name], hf[name]) for name in hf)
+
+
+def test_vocab_padding_round_trips_and_tied_output_is_not_exported_twice():
+    conv = get_converter("llama", shape=shape())
+    embed = torch.randn(7, 5)
+    padded = conv.megatron_from_hf(
+        "embedding.word_embeddings.weight", {"model.embed_tokens.weight": embed}.get
+    )
+    assert padded.shape == (8, 5) and torch.equal(padded[7], torch.zeros(5))
+    assert torch.equal(
+        dict(conv.hf_from_megatron("embedding.word_embeddings.weight", padded))["model.embed_tokens.weight"],
+        embed,
+    )
+    assert conv.hf_from_megatron("output_layer.weight", padded) == []
+
+
+def test_unknown_architecture_lists_supported_ones():
+    with pytest.raises(ValueError, match="llama, qwen2, qwen3"):
+        get_converter("gpt2", shape=shape())

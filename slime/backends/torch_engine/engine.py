@@ -1,0 +1,281 @@
+"""The engine behind the HTTP layer: builds requests, owns the weight-update groups and memory state.
+
+Threads: the scheduler thread runs every forward and every change to the model (weight loads, memory
+release) through `Scheduler.call`, so they happen between decode steps; blocking collectives (joining
+a group, receiving broadcast tensors) run on a separate one-thread executor, so decoding continues
+while the trainer sends, and only the final copy into the parameters pauses generation.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import os
+from typing import Any
+
+import torch
+
+from slime.backends.torch_engine import weights
+from slime.backends.torch_engine.model_runner import ModelRunner
+from slime.backends.torch_engine.protocol import GenerateInput, ProtocolError
+from slime.backends.torch_engine.sampling import RowSampling
+from slime.backends.torch_engine.scheduler import Request, Scheduler
+from slime.backends.torch_engine.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_RUNNING_REQUESTS = 64
+MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
+# Seconds a weight-update collective may wait for its peer (env override for slow CI machines).
+DIST_TIMEOUT_S = float(os.environ.get("SLIME_TORCH_ENGINE_DIST_TIMEOUT", weights.DEFAULT_TIMEOUT_S))
+
+
+def pick_device(args: ServerArgs) -> torch.device:
+    name = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("--device cuda was requested but CUDA is not available")
+        return torch.device("cuda", args.base_gpu_id)
+    return torch.device("cpu")
+
+
+class TorchEngine:
+    def __init__(self, args: ServerArgs) -> None:
+        self.args = args
+        if args.random_seed is not None:
+            torch.manual_seed(args.random_seed)
+        self.device = pick_device(args)
+        self.max_running_requests = args.max_running_requests or DEFAULT_MAX_RUNNING_REQUESTS
+        self.runner = ModelRunner(
+            args.model_path,
+            args.tokenizer_path,
+            self.device,
+            args.dtype,
+            max_rows=self.max_running_requests,
+            context_length=args.context_length,
+            trust_remote_code=args.trust_remote_code,
+        )
+        self.model_path = self.runner.model_path
+        self.context_length = self.runner.context_length
+        self.scheduler = Scheduler(
+            self.runner, self.max_running_requests, args.max_total_tokens, args.random_seed
+        )
+        self.scheduler.weight_version = args.weight_version
+        self.weights = weights.WeightStore(self.runner.model)
+        self.groups: dict[str, Any] = {}
+        self.dist_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="weight-update")
+        self.released: set[str] = set()
+        self.shutting_down = False
+
+    def start(self) -> None:
+        self.scheduler.start()
+
+    # ---- requests -------------------------------------------------------------------------------
+
+    def unavailable_reason(self) -> str | None:
+        """Why /generate must answer 503 now, or None."""
+        if self.shutting_down:
+            return "the server is shutting down"
+        if self.released:
+            return (
+                f"memory occupation released (tags: {sorted(self.released)}); "
+                "call /resume_memory_occupation before generating"
+            )
+        return None
+
+    def build_request(self, gen: GenerateInput) -> Request:
+        """Tokenize and validate one request against the context length; raises ProtocolError (400)."""
+        tokenizer = self.runner.tokenizer
+        ids = gen.input_ids if gen.input_ids is not None else tokenizer(gen.text)["input_ids"]
+        if not ids:
+            raise ProtocolError("The input is empty (no tokens).")
+        if min(ids) < 0 or max(ids) >= self.runner.vocab_size:
+            raise ProtocolError(
+                f"input_ids must be in [0, {self.runner.vocab_size}), got {min(ids)}..{max(ids)}"
+            )
+        params = gen.params
+        if len(ids) >= self.context_length:
+            raise ProtocolError(
+                f"The input ({len(ids)} tokens) is longer than the model's context length "
+                f"({self.context_length} tokens)."
+            )
+        if params.explicit_max_new_tokens and params.max_new_tokens + len(ids) > self.context_length:
+            raise ProtocolError(
+                f"Requested token count exceeds the model's maximum context length of {self.context_length} "
+                f"tokens. You requested a total of {params.max_new_tokens + len(ids)} tokens: {len(ids)} "
+                f"tokens from the input messages and {params.max_new_tokens} tokens for the completion. "
+                "Please reduce the number of tokens in the input messages or the completion to fit within "
+                "the limit."
+            )
+        max_new = max(0, min(params.max_new_tokens, self.context_length - len(ids) - 1))
+        budget = self.args.max_total_tokens
+        if budget is not None and len(ids) + max_new > budget:
+            raise ProtocolError(
+                f"the request needs {len(ids) + max_new} tokens (prompt + max_new_tokens) but "
+                f"--max-total-tokens is {budget}"
+            )
+        if gen.return_logprob and gen.logprob_start_len > len(ids):
+            raise ProtocolError(
+                f"logprob_start_len={gen.logprob_start_len} is higher than the number of input tokens "
+                f"{len(ids)}."
+            )
+        generator = None
+        if params.sampling_seed is not None:
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(params.sampling_seed % (2**63))
+        stop_set = set(params.stop_token_ids) | self.runner.eos_token_ids
+        tail = 0
+        if params.stop:
+            tail = max(len(tokenizer.encode(s, add_special_tokens=False)) for s in params.stop) + 1
+        return Request(
+            rid=gen.rid,
+            input_ids=list(ids),
+            params=params,
+            max_new_tokens=max_new,
+            return_logprob=gen.return_logprob,
+            logprob_start_len=gen.logprob_start_len,
+            return_text_in_logprobs=gen.return_text_in_logprobs,
+            sampling=RowSampling(params.temperature, params.top_p, params.top_k, params.min_p, generator),
+            stop_ids=frozenset() if params.ignore_eos else frozenset(stop_set),
+            banned_until_min=sorted(stop_set) if params.min_new_tokens > 0 else [],
+            stop_tail_tokens=tail,
+        )
+
+    # ---- info -----------------------------------------------------------------------------------
+
+    @property
+    def weight_version(self) -> str:
+        return self.scheduler.weight_version
+
+    def model_info(self) -> dict[str, Any]:
+        config = self.runner.config
+        return {
+            "model_path": self.model_path,
+            "served_model_name": self.args.served_model_name or self.model_path,
+            "tokenizer_path": self.runner.tokenizer_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": self.weight_version,
+            "model_type": getattr(config, "model_type", None),
+            "architectures": getattr(config, "architectures", None),
+        }
+
+    def server_info(self) -> dict[str, Any]:
+        info = dataclasses.asdict(self.args)
+        info.pop("ignored")
+        info.update(
+            model_path=self.model_path,
+            tokenizer_path=self.runner.tokenizer_path,
+            context_length=self.context_length,
+            max_running_requests=self.max_running_requests,
+            device=str(self.device),
+            dtype=str(self.runner.dtype).removeprefix("torch."),
+            weight_version=self.weight_version,
+            ignored_server_args=self.args.ignored,
+            internal_states=[self.scheduler.internal_state()],
+            version="torch-engine",
+            engine="slime.backends.torch_engine",
+        )
+        return info
+
+    # ---- control (run on the scheduler thread through Scheduler.call) ---------------------------
+
+    def flush_cache(self) -> tuple[bool, str]:
+        if not self.scheduler.is_idle():
+            return False, "Cache not flushed: there are running or waiting requests.\n"
+        self.runner.cache.clear()
+        return True, "Cache flushed.\n"
+
+    def release_memory(self, tags: list[str] | None) -> None:
+        tags = list(tags or MEMORY_TAGS)
+        unknown = [t for t in tags if t not in MEMORY_TAGS]
+        if unknown:
+            raise ProtocolError(f"unknown memory tags {unknown}; use {list(MEMORY_TAGS)}")
+        self.scheduler.abort_all("memory occupation released")
+        if "kv_cache" in tags:
+            self.runner.cache.clear()
+        if "weights" in tags:
+            self.weights.release()
+        self.released.update(t for t in tags if t != "cuda_graph")
+
+    def resume_memory(self, tags: list[str] | None) -> None:
+        tags = list(tags or MEMORY_TAGS)
+        unknown = [t for t in tags if t not in MEMORY_TAGS]
+        if unknown:
+            raise ProtocolError(f"unknown memory tags {unknown}; use {list(MEMORY_TAGS)}")
+        if "weights" in tags:
+            self.weights.resume()
+        self.released.difference_update(tags)
+
+    def load_weights(
+        self, named_tensors: list[tuple[str, torch.Tensor]], weight_version: str | None, flush_cache: bool
+    ) -> tuple[bool, str]:
+        """Copy received tensors into the model between two forwards; all-or-nothing on bad names."""
+        try:
+            count = self.weights.load(named_tensors)
+        except (ValueError, RuntimeError) as exc:
+            return False, f"Failed to update weights: {exc}"
+        if weight_version is not None:
+            self.scheduler.weight_version = weight_version
+        if flush_cache and self.scheduler.is_idle():
+            self.runner.cache.clear()
+        return True, f"Succeeded to update model weights ({count} tensors)."
+
+    # ---- weight-update groups (run on the dist executor) ----------------------------------------
+
+    def init_group(self, body: dict[str, Any]) -> tuple[bool, str]:
+        name = body.get("group_name") or "weight_update_group"
+        if name in self.groups:
+            return False, f"Failed to initialize custom process group: group {name!r} already exists."
+        try:
+            group = weights.create_weight_update_group(
+                body["master_address"],
+                int(body["master_port"]),
+                int(body["rank_offset"]),
+                int(body["world_size"]),
+                name,
+                body.get("backend") or "nccl",
+                DIST_TIMEOUT_S,
+            )
+        except Exception as exc:
+            logger.error("init_weights_update_group failed: %s", exc)
+            return False, f"Failed to initialize custom process group: {exc}."
+        self.groups[name] = group
+        return True, "Succeeded to initialize custom process group."
+
+    def receive(self, body: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
+        name = body.get("group_name") or "weight_update_group"
+        if name not in self.groups:
+            raise RuntimeError(f"group {name!r} does not exist; call /init_weights_update_group first")
+        group = self.groups[name]
+        device = (
+            self.device if isinstance(group, getattr(torch.distributed, "ProcessGroupNCCL", ())) else None
+        )
+        return weights.receive_tensors(
+            group,
+            list(body["names"]),
+            list(body["dtypes"]),
+            [list(s) for s in body["shapes"]],
+            device or torch.device("cpu"),
+            flattened=body.get("load_format") == "flattened_bucket",
+            timeout_s=DIST_TIMEOUT_S,
+        )
+
+    def destroy_group(self, name: str) -> tuple[bool, str]:
+        group = self.groups.pop(name, None)
+        if group is None:
+            return False, "The group to be destroyed does not exist."
+        try:
+            group.shutdown()
+        except Exception as exc:  # the group is dropped either way
+            logger.warning("shutting down group %s: %s", name, exc)
+        return True, "Succeeded to destroy custom process group."
+
+    def shutdown(self) -> None:
+        """Abort what is in flight, stop the scheduler, close the weight-update groups."""
+        self.shutting_down = True
+        self.scheduler.stop()
+        for name in list(self.groups):
+            self.destroy_group(name)
+        self.dist_executor.shutdown(wait=False, cancel_futures=True)

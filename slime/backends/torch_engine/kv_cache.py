@@ -1,0 +1,158 @@
+"""Slot-based KV cache for continuous batching on top of an unmodified transformers model.
+
+Why not `transformers.DynamicCache`: it appends one column for the whole batch (`torch.cat`, a copy of
+the entire cache every step) and it has no notion of requests joining or leaving a batch. Here each
+running request owns one *slot* (a row of a preallocated `[rows, kv_heads, columns, head_dim]` buffer
+per layer) and keeps its tokens at columns `0 .. len-1`, i.e. column == position:
+
+- prefill of new requests writes their prompts into fresh slots (right padding inside the slot; the
+  garbage columns past a prompt are never attended to and are overwritten by later decode writes);
+- a decode step writes each request's new key/value at its own column (one scatter per layer), and
+  attention runs over columns `0 .. max(len)` with a mask that hides each row's columns past its own
+  position;
+- a finished request leaves by moving the last slot into its hole (a copy of one request's KV), so the
+  running batch is always the contiguous rows `0 .. n-1` and the model sees views, never copies.
+
+The scheduler states what the next forward does through `ForwardPlan`; the model calls `update()` per
+layer exactly as it would on a DynamicCache. Buffers grow by doubling and are dropped by `clear()`.
+Requires the transformers >= 5 Cache API (`Cache(layers=...)`, `CacheLayerMixin`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+try:
+    from transformers.cache_utils import Cache, CacheLayerMixin
+except ImportError as exc:  # pragma: no cover - depends on the installed transformers
+    raise ImportError("the torch engine needs transformers >= 5 (Cache with CacheLayerMixin layers)") from exc
+
+
+@dataclass
+class ForwardPlan:
+    """Where the next forward reads and writes: rows `start .. end-1`, attention over `kv_length` columns.
+
+    `decode_positions` is None for a prefill (the new tokens land at columns `0 .. q-1` of every row) and a
+    `[end - start]` long tensor for a decode step (one new token per row, at that row's column).
+    """
+
+    start: int = 0
+    end: int = 0
+    kv_length: int = 0
+    decode_positions: torch.Tensor | None = None
+
+
+def _grow(size: int, needed: int, limit: int | None) -> int:
+    while size < needed:
+        size *= 2
+    return size if limit is None else max(needed, min(size, limit))
+
+
+class _SlotLayer(CacheLayerMixin):
+    """One decoder layer's keys and values, for all slots."""
+
+    is_sliding = False
+    is_compileable = False
+
+    def __init__(self, plan: ForwardPlan, max_rows: int | None, max_columns: int | None) -> None:
+        super().__init__()
+        self.plan = plan
+        self.max_rows = max_rows
+        self.max_columns = max_columns
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        rows = _grow(4, self.plan.end, self.max_rows)
+        columns = _grow(64, self.plan.kv_length, self.max_columns)
+        _, h, _, dk = key_states.shape
+        dv = value_states.shape[-1]
+        self.keys = key_states.new_zeros((rows, h, columns, dk))
+        self.values = value_states.new_zeros((rows, h, columns, dv))
+        self.device = key_states.device
+        self.is_initialized = True
+
+    def _ensure_capacity(self, rows_needed: int, columns_needed: int) -> None:
+        rows, _, columns, _ = self.keys.shape
+        if rows >= rows_needed and columns >= columns_needed:
+            return
+        new_rows = _grow(rows, rows_needed, self.max_rows)
+        new_columns = _grow(columns, columns_needed, self.max_columns)
+        for attr in ("keys", "values"):
+            old = getattr(self, attr)
+            new = old.new_zeros((new_rows, old.shape[1], new_columns, old.shape[3]))
+            new[:rows, :, :columns] = old
+            setattr(self, attr, new)
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        plan = self.plan
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self._ensure_capacity(plan.end, plan.kv_length)
+        rows = slice(plan.start, plan.end)
+        if plan.decode_positions is None:
+            q = key_states.shape[2]
+            self.keys[rows, :, :q] = key_states
+            self.values[rows, :, :q] = value_states
+        else:
+            index = torch.arange(plan.start, plan.end, device=self.keys.device)
+            self.keys[index, :, plan.decode_positions] = key_states[:, :, 0]
+            self.values[index, :, plan.decode_positions] = value_states[:, :, 0]
+        return self.keys[rows, :, : plan.kv_length], self.values[rows, :, : plan.kv_length]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.plan.kv_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.plan.kv_length
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def move_row(self, src: int, dst: int, length: int) -> None:
+        if self.is_initialized and length > 0:
+            self.keys[dst, :, :length] = self.keys[src, :, :length]
+            self.values[dst, :, :length] = self.values[src, :, :length]
+
+    def reset(self) -> None:
+        self.keys = self.values = None
+        self.is_initialized = False
+
+    def nbytes(self) -> int:
+        if not self.is_initialized:
+            return 0
+        return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
+
+
+class SlotKVCache(Cache):
+    """The model-facing cache object; the scheduler sets `plan` before every forward."""
+
+    def __init__(self, num_layers: int, max_rows: int | None = None, max_columns: int | None = None) -> None:
+        self.plan = ForwardPlan()
+        super().__init__(layers=[_SlotLayer(self.plan, max_rows, max_columns) for _ in range(num_layers)])
+
+    def set_prefill(self, start: int, end: int, length: int) -> None:
+        """Next forward: prompts of `length` (padded) tokens for the fresh slots `start .. end-1`."""
+        self.plan.start, self.plan.end, self.plan.kv_length = start, end, length
+        self.plan.decode_positions = None
+
+    def set_decode(self, num_rows: int, positions: torch.Tensor) -> None:
+        """Next forward: one token per slot `0 .. num_rows-1`, written at column `positions[row]`."""
+        self.plan.start, self.plan.end = 0, num_rows
+        self.plan.kv_length = int(positions.max().item()) + 1
+        self.plan.decode_positions = positions
+
+    def move_row(self, src: int, dst: int, length: int) -> None:
+        """Copy the first `length` columns of slot `src` into slot `dst` (a request changes slot)."""
+        for layer in self.layers:
+            layer.move_row(src, dst, length)
+
+    def clear(self) -> None:
+        """Drop every buffer (flush_cache, release of the kv_cache memory)."""
+        for layer in self.layers:
+            layer.reset()
+
+    def nbytes(self) -> int:
+        return sum(layer.nbytes() for layer in self.layers)

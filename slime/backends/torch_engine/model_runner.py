@@ -1,0 +1,169 @@
+"""The HF model behind the engine: loading, batched prefill and decode forwards over the slot KV cache.
+
+The model is an unmodified `transformers.AutoModelForCausalLM`; everything engine-specific is in the
+inputs we hand it: explicit `position_ids` per row and a ready 4D additive attention mask (transformers
+returns a 4D mask as is), so rows of different lengths share one forward without any left padding.
+Sliding-window layers are not windowed by this mask; models that need it are outside this engine's
+scope (it warns at load time).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from pathlib import Path
+
+import torch
+
+from slime.backends.torch_engine.kv_cache import SlotKVCache
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+}
+
+
+def resolve_dtype(name: str, device: torch.device, config_dtype: torch.dtype | None) -> torch.dtype:
+    """SGLang's `--dtype` names; `auto` is fp32 on CPU (exact logprobs) and the checkpoint's dtype on GPU."""
+    if name != "auto":
+        return DTYPES[name]
+    if device.type == "cpu" or config_dtype not in (torch.bfloat16, torch.float16):
+        return torch.float32
+    return config_dtype
+
+
+class ModelRunner:
+    """Owns the model, the tokenizer and the KV cache; every method runs on the scheduler thread."""
+
+    def __init__(
+        self,
+        model_path: str,
+        tokenizer_path: str | None,
+        device: torch.device,
+        dtype_name: str,
+        max_rows: int,
+        context_length: int | None,
+        trust_remote_code: bool = False,
+    ) -> None:
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        self.model_path = str(Path(model_path).resolve())
+        self.tokenizer_path = str(Path(tokenizer_path or model_path).resolve())
+        self.device = device
+        config = AutoConfig.from_pretrained(
+            self.model_path, local_files_only=True, trust_remote_code=trust_remote_code
+        )
+        config_dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+        if isinstance(config_dtype, str):
+            config_dtype = DTYPES.get(config_dtype)
+        self.dtype = resolve_dtype(dtype_name, device, config_dtype)
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            self.tokenizer_path, local_files_only=True, trust_remote_code=trust_remote_code
+        )
+        model = AutoModelForCausalLM.from_pretrained(
+            self.model_path,
+            dtype=self.dtype,
+            local_files_only=True,
+            trust_remote_code=trust_remote_code,
+            attn_implementation="sdpa",
+        )
+        self.model = model.to(device).eval()
+        self.config = model.config
+        text_config = (
+            self.config.get_text_config() if hasattr(self.config, "get_text_config") else self.config
+        )
+        layer_types = getattr(text_config, "layer_types", None) or []
+        if any(t != "full_attention" for t in layer_types):
+            logger.warning(
+                "model has non-full attention layers %s; they run as full attention", set(layer_types)
+            )
+        self.vocab_size = int(text_config.vocab_size)
+        self.context_length = int(context_length or getattr(text_config, "max_position_embeddings", 4096))
+        self.num_layers = int(text_config.num_hidden_layers)
+        self.cache = SlotKVCache(self.num_layers, max_rows=max_rows, max_columns=self.context_length)
+        self.eos_token_ids = self._eos_token_ids()
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self._mask_min = torch.finfo(self.dtype).min
+
+    def _eos_token_ids(self) -> set[int]:
+        """EOS ids as SGLang collects them: model config, generation config and the tokenizer."""
+        ids: set[int] = set()
+        sources = [getattr(self.config, "eos_token_id", None), self.tokenizer.eos_token_id]
+        generation_config = getattr(self.model, "generation_config", None)
+        if generation_config is not None:
+            sources.append(generation_config.eos_token_id)
+        for value in sources:
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, (list, tuple)):
+                ids.update(int(v) for v in value)
+        return ids
+
+    # ---- forwards -------------------------------------------------------------------------------
+
+    def _forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, keep
+    ) -> torch.Tensor:
+        kwargs = {
+            "input_ids": input_ids,
+            "position_ids": positions,
+            "attention_mask": mask,
+            self._cache_kwarg: self.cache,
+            "use_cache": True,
+            "logits_to_keep": keep,
+        }
+        return self.model(**kwargs).logits
+
+    @torch.inference_mode()
+    def prefill(self, sequences: list[list[int]], start_row: int, all_logits: bool) -> list[torch.Tensor]:
+        """Run the prompts of the new slots `start_row ..`; return per row logits (fp32).
+
+        Each entry is `[len, vocab]` when `all_logits` (prompt logprobs are wanted) else `[vocab]`, the
+        logits after the row's last token.
+        """
+        n = len(sequences)
+        lengths = torch.tensor([len(s) for s in sequences], device=self.device)
+        width = int(lengths.max().item())
+        ids = torch.zeros((n, width), dtype=torch.long, device=self.device)
+        for row, seq in enumerate(sequences):
+            ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        columns = torch.arange(width, device=self.device)
+        allowed = (columns[None, :] <= columns[:, None])[None] & (
+            columns[None, None, :] < lengths[:, None, None]
+        )
+        mask = torch.zeros((n, 1, width, width), dtype=self.dtype, device=self.device)
+        mask.masked_fill_(~allowed[:, None], self._mask_min)
+        positions = columns[None, :].expand(n, width)
+        self.cache.set_prefill(start_row, start_row + n, width)
+        if all_logits:
+            logits = self._forward(ids, positions, mask, 0).float()
+            return [logits[row, : len(seq)] for row, seq in enumerate(sequences)]
+        last = lengths - 1
+        keep = torch.unique(last)
+        logits = self._forward(ids, positions, mask, keep).float()
+        where = torch.searchsorted(keep, last)
+        return list(logits[torch.arange(n, device=self.device), where])
+
+    @torch.inference_mode()
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """One token for each of the slots `0 .. n-1` at `positions`; returns `[n, vocab]` fp32 logits."""
+        n = tokens.shape[0]
+        self.cache.set_decode(n, positions)
+        kv_length = self.cache.plan.kv_length
+        columns = torch.arange(kv_length, device=self.device)
+        mask = torch.zeros((n, 1, 1, kv_length), dtype=self.dtype, device=self.device)
+        mask.masked_fill_((columns[None, :] > positions[:, None])[:, None, None, :], self._mask_min)
+        logits = self._forward(tokens[:, None], positions[:, None], mask, 1)
+        return logits[:, -1].float()
+
+    # ---- weights --------------------------------------------------------------------------------
+
+    def named_parameters(self) -> dict[str, torch.nn.Parameter]:
+        """HF parameter name -> parameter, tied aliases included (e.g. lm_head.weight)."""
+        return dict(self.model.named_parameters(remove_duplicate=False))

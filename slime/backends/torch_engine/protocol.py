@@ -1,0 +1,236 @@
+"""SGLang's native HTTP protocol as the torch engine speaks it: request parsing and reply shapes.
+
+Facts taken from SGLang 0.5.23 (`sglang/srt/entrypoints/http_server.py`, `managers/io_struct.py`,
+`managers/tokenizer_manager.py`, `managers/detokenizer_manager.py`, `managers/schedule_batch.py`,
+`sampling/sampling_params.py`; `/get_load` and `/get_weight_version` from 0.5.3, removed later):
+
+- POST /generate: `text` | `input_ids` (a list makes a batch), `sampling_params`, `rid`,
+  `return_logprob`, `logprob_start_len` (-1: output logprobs only), `return_text_in_logprobs`, `stream`.
+  Reply `{"text", "output_ids", "meta_info"}`; meta_info = {"id", "finish_reason", "prompt_tokens",
+  "weight_version", "num_retractions", "completion_tokens", "cached_tokens", "e2e_latency"} plus, with
+  return_logprob, "input_token_logprobs", "output_token_logprobs" (lists of `[logprob, token_id, text]`,
+  text None unless return_text_in_logprobs; the first input entry's logprob is None) and
+  "output_token_logprobs_length". A bad request is HTTP 400 `{"error": {"message": ...}}`.
+- finish_reason: `{"type": "stop", "matched": <token id int | stop string>}`,
+  `{"type": "length", "length": max_new_tokens}`,
+  `{"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}`; None while running.
+  Precedence per token: stop string, then stop token / EOS, then length. `ignore_eos` disables stop
+  tokens as well as EOS. `output_ids` keep the matched stop token; `text` drops it (a matched string is
+  cut at its first occurrence) unless `no_stop_trim`.
+- sampling_params defaults: max_new_tokens 128, temperature 1, top_p 1, top_k -1 (= whole vocab; 0 is
+  rejected), min_p 0, min_new_tokens 0, skip_special_tokens True, no_stop_trim False. Temperature 0
+  means greedy. A prompt of >= context_length tokens, or an explicit max_new_tokens that with the prompt
+  exceeds context_length, is a 400; an unset max_new_tokens is capped to context_length - prompt - 1.
+- abort_request `{"rid", "abort_all"}` matches rids by prefix; aborted requests answer normally
+  (HTTP 200) with what they produced and the abort finish_reason. pause_generation `{"mode"}`:
+  abort (default) | retract | in_place; while paused new requests wait; continue_generation resumes.
+- Weight updates answer `{"success", "message"}` (200 or 400). update_weight_version `{"new_version",
+  "abort_all_requests": True}` answers `{"success", "message", "new_version"}`; update_weights_from_disk
+  adds "num_paused_requests". get_weights_by_name `{"name", "truncate_size": 100}` returns
+  `param.float().tolist()[:truncate_size]` (rows for a matrix). weight_version starts at "default".
+- GET /get_weight_version -> {"weight_version"}; GET /get_load -> [{"dp_rank", "num_reqs",
+  "num_waiting_reqs", "num_tokens"}]; /flush_cache (GET or POST) is 200 only with no request in flight.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+# Sampling options SGLang has that this engine does not implement: accepted only at their neutral value.
+_NEUTRAL_OPTIONS: dict[str, Any] = {
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "n": 1,
+    "json_schema": None,
+    "regex": None,
+    "ebnf": None,
+    "structural_tag": None,
+    "stop_regex": None,
+    "logit_bias": None,
+    "beam_width": None,
+}
+# Options with no effect on a non-streaming single-process engine.
+_IGNORED_OPTIONS = {"stream_interval", "custom_params", "spaces_between_special_tokens", "watermark"}
+
+
+class ProtocolError(ValueError):
+    """A request the engine must refuse; `status` is the HTTP status to answer with."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def error_body(message: str) -> dict[str, Any]:
+    return {"error": {"message": message}}
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int | None = 128
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: set[int] = field(default_factory=set)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = False
+    sampling_seed: int | None = None
+    # Whether max_new_tokens came from the caller (an explicit value is checked against the context).
+    explicit_max_new_tokens: bool = False
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any] | None) -> SamplingParams:
+        raw = dict(raw or {})
+        params = cls()
+        for name, neutral in _NEUTRAL_OPTIONS.items():
+            value = raw.pop(name, None)
+            if value is not None and value != neutral:
+                raise ProtocolError(f"sampling_params.{name}={value!r} is not supported by the torch engine")
+        for name in _IGNORED_OPTIONS:
+            raw.pop(name, None)
+        for name in ("max_new_tokens", "min_new_tokens", "top_k", "sampling_seed"):
+            if raw.get(name) is not None:
+                value = raw.pop(name)
+                if not isinstance(value, int) or isinstance(value, bool):
+                    raise ProtocolError(f"sampling_params.{name} must be an integer, got {value!r}")
+                setattr(params, name, value)
+                if name == "max_new_tokens":
+                    params.explicit_max_new_tokens = True
+            else:
+                raw.pop(name, None)
+        for name in ("temperature", "top_p", "min_p"):
+            if raw.get(name) is not None:
+                value = raw.pop(name)
+                if not isinstance(value, (int, float)) or isinstance(value, bool):
+                    raise ProtocolError(f"sampling_params.{name} must be a number, got {value!r}")
+                setattr(params, name, float(value))
+            else:
+                raw.pop(name, None)
+        for name in ("ignore_eos", "skip_special_tokens", "no_stop_trim"):
+            if raw.get(name) is not None:
+                setattr(params, name, bool(raw.pop(name)))
+            else:
+                raw.pop(name, None)
+        stop = raw.pop("stop", None)
+        if isinstance(stop, str):
+            stop = [stop]
+        if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+            raise ProtocolError(f"sampling_params.stop must be a string or a list of strings, got {stop!r}")
+        params.stop = [s for s in (stop or []) if s]
+        stop_ids = raw.pop("stop_token_ids", None) or []
+        if not all(isinstance(t, int) for t in stop_ids):
+            raise ProtocolError(f"sampling_params.stop_token_ids must be integers, got {stop_ids!r}")
+        params.stop_token_ids = set(stop_ids)
+        if raw:
+            raise ProtocolError(f"unknown sampling_params: {sorted(raw)}")
+        params.verify()
+        return params
+
+    def verify(self) -> None:
+        """SGLang's SamplingParams.verify checks (same limits, same messages where it matters)."""
+        if self.temperature < 0.0 or self.temperature != self.temperature:
+            raise ProtocolError(f"temperature must be a non-negative finite number, got {self.temperature}.")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ProtocolError(f"top_p must be in (0, 1], got {self.top_p}.")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ProtocolError(f"min_p must be in [0, 1], got {self.min_p}.")
+        if self.top_k != -1 and self.top_k < 1:
+            raise ProtocolError(f"top_k must be -1 (disable) or at least 1, got {self.top_k}.")
+        if self.min_new_tokens < 0:
+            raise ProtocolError(f"min_new_tokens must be in [0, max_new_tokens], got {self.min_new_tokens}.")
+        if self.max_new_tokens is not None:
+            if self.max_new_tokens < 0:
+                raise ProtocolError(f"max_new_tokens must be at least 0, got {self.max_new_tokens}.")
+            if self.min_new_tokens > self.max_new_tokens:
+                raise ProtocolError(
+                    f"min_new_tokens must be in [0, max_new_tokens({self.max_new_tokens})], "
+                    f"got {self.min_new_tokens}."
+                )
+
+
+@dataclass
+class GenerateInput:
+    """One (un-batched) /generate request after parsing; `input_ids` is filled by tokenization."""
+
+    rid: str
+    text: str | None
+    input_ids: list[int] | None
+    params: SamplingParams
+    return_logprob: bool
+    logprob_start_len: int
+    return_text_in_logprobs: bool
+
+
+def _pick(value: Any, index: int, batched: bool) -> Any:
+    return value[index] if batched and isinstance(value, list) else value
+
+
+def parse_generate(body: dict[str, Any]) -> tuple[list[GenerateInput], bool]:
+    """Split a /generate body into single requests; returns `(requests, is_batch)`."""
+    if not isinstance(body, dict):
+        raise ProtocolError("the request body must be a JSON object")
+    if body.get("stream"):
+        raise ProtocolError("stream=true is not supported by the torch engine; send a non-streaming request")
+    text, input_ids = body.get("text"), body.get("input_ids")
+    if (text is None) == (input_ids is None):
+        raise ProtocolError("Either text or input_ids should be provided.")
+    if body.get("input_embeds") is not None or body.get("image_data") is not None:
+        raise ProtocolError("input_embeds and multimodal inputs are not supported by the torch engine")
+    if text is not None:
+        batched = isinstance(text, list)
+        prompts = text if batched else [text]
+        if not all(isinstance(t, str) for t in prompts):
+            raise ProtocolError("text must be a string or a list of strings")
+    else:
+        if not isinstance(input_ids, list):
+            raise ProtocolError("input_ids must be a list of token ids or a list of such lists")
+        batched = bool(input_ids) and isinstance(input_ids[0], list)
+        prompts = input_ids if batched else [input_ids]
+        for ids in prompts:
+            if not isinstance(ids, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in ids
+            ):
+                raise ProtocolError("input_ids must be a list of token ids or a list of such lists")
+    rid = body.get("rid")
+    requests = []
+    for i, prompt in enumerate(prompts):
+        if batched:
+            this_rid = rid[i] if isinstance(rid, list) else f"{rid}_{i}" if rid else uuid.uuid4().hex
+        else:
+            this_rid = rid if rid else uuid.uuid4().hex
+        start = _pick(body.get("logprob_start_len"), i, batched)
+        requests.append(
+            GenerateInput(
+                rid=str(this_rid),
+                text=prompt if text is not None else None,
+                input_ids=list(prompt) if text is None else None,
+                params=SamplingParams.from_dict(_pick(body.get("sampling_params"), i, batched)),
+                return_logprob=bool(_pick(body.get("return_logprob"), i, batched) or False),
+                logprob_start_len=-1 if start is None else int(start),
+                return_text_in_logprobs=bool(body.get("return_text_in_logprobs") or False),
+            )
+        )
+    return requests, batched
+
+
+def finish_stop_token(token_id: int) -> dict[str, Any]:
+    return {"type": "stop", "matched": token_id}
+
+
+def finish_stop_str(matched: str) -> dict[str, Any]:
+    return {"type": "stop", "matched": matched}
+
+
+def finish_length(length: int) -> dict[str, Any]:
+    return {"type": "length", "length": length}
+
+
+def finish_abort(message: str = "Aborted") -> dict[str, Any]:
+    return {"type": "abort", "message": message, "status_code": None, "err_type": None}

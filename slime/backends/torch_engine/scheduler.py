@@ -1,0 +1,419 @@
+"""Continuous batching: one scheduler thread drives the model; HTTP handlers talk to it through a queue.
+
+Each iteration of the loop (i) applies what arrived (new requests, aborts, control commands such as
+pause or a weight load, which therefore always run *between* forwards), (ii) admits waiting requests
+into free slots, up to `max_running_requests` and the `max_total_tokens` budget, and prefills them in
+one batch (each gets its first token), (iii) runs one decode step over every running request. A
+request that finishes leaves at once (its slot is refilled by the last one, see kv_cache.py), so
+nothing is padded to the longest request of a batch and late arrivals join a running batch.
+
+Requests reach HTTP handlers only through callbacks (`Request.on_finish`) that the server turns into
+asyncio futures; the scheduler itself knows nothing about HTTP.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from slime.backends.torch_engine import protocol
+from slime.backends.torch_engine.model_runner import ModelRunner
+from slime.backends.torch_engine.protocol import SamplingParams
+from slime.backends.torch_engine.sampling import RowSampling, ban_tokens, sample
+
+logger = logging.getLogger(__name__)
+
+# Padded tokens one prefill forward may take (rows x longest prompt); at least one request always fits.
+PREFILL_TOKEN_BUDGET = 8192
+
+
+@dataclass
+class Request:
+    """A request's state from arrival to its reply."""
+
+    rid: str
+    input_ids: list[int]
+    params: SamplingParams
+    max_new_tokens: int
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    return_text_in_logprobs: bool = False
+    on_finish: Callable[[dict[str, Any]], None] | None = None
+    arrival: float = field(default_factory=time.perf_counter)
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    input_logprobs: list[float | None] = field(default_factory=list)
+    finish_reason: dict[str, Any] | None = None
+    slot: int = -1
+    kv_len: int = 0  # tokens whose keys/values are in the cache (prompt + outputs but the last)
+    num_retractions: int = 0
+    sampling: RowSampling | None = None
+    stop_ids: frozenset[int] = frozenset()  # finish on these (empty with ignore_eos)
+    banned_until_min: list[int] = field(default_factory=list)  # suppressed before min_new_tokens
+    stop_tail_tokens: int = 0  # output tokens to decode when looking for stop strings
+    to_abort: str | None = None
+
+    @property
+    def wants_input_logprobs(self) -> bool:
+        return self.return_logprob and 0 <= self.logprob_start_len < len(self.input_ids)
+
+    def reserved_tokens(self) -> int:
+        return len(self.input_ids) + self.max_new_tokens
+
+
+@dataclass
+class SchedulerStats:
+    """Counters that make batching observable (reported by /get_server_info internal_states)."""
+
+    prefill_batches: int = 0
+    prefill_tokens: int = 0
+    decode_steps: int = 0
+    decode_tokens: int = 0
+    max_running_seen: int = 0
+    joined_running_batch: int = 0  # requests admitted while other requests were decoding
+    finished_requests: int = 0
+    aborted_requests: int = 0
+    last_gen_throughput: float = 0.0
+
+
+class Scheduler:
+    """The engine loop; public methods are thread-safe, `_`-methods run on the scheduler thread only."""
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        max_running_requests: int,
+        max_total_tokens: int | None,
+        random_seed: int | None,
+    ) -> None:
+        self.runner = runner
+        self.max_running_requests = max_running_requests
+        self.max_total_tokens = max_total_tokens
+        self.generator = torch.Generator(device=runner.device)
+        if random_seed is not None:
+            self.generator.manual_seed(random_seed)
+        else:
+            self.generator.seed()
+        self.waiting: collections.deque[Request] = collections.deque()
+        self.running: list[Request] = []  # running[i].slot == i
+        self.paused = False
+        self.weight_version = "default"
+        self.stats = SchedulerStats()
+        self._inbox: list[tuple[str, Any]] = []
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="torch-engine-scheduler", daemon=True)
+        self._throughput_window: collections.deque[tuple[float, int]] = collections.deque(maxlen=64)
+
+    # ---- thread-safe API ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def submit(self, request: Request) -> None:
+        self._post("request", request)
+
+    def abort(self, rid: str = "", abort_all: bool = False, message: str = "Aborted") -> None:
+        """Abort requests whose rid starts with `rid` (SGLang matches by prefix), or all of them."""
+        if not abort_all and not rid:
+            return
+        self._post("abort", (rid, abort_all, message))
+
+    def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        """Run `fn` on the scheduler thread between two forwards; the future holds its result."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._post("call", (fn, future))
+        return future
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Abort everything in flight (their callers get an abort reply) and end the thread."""
+        self._post("stop", None)
+        self._thread.join(timeout)
+
+    def load(self) -> dict[str, int]:
+        """SGLang's /get_load numbers (read without locking: a snapshot for monitoring only)."""
+        running, waiting = list(self.running), list(self.waiting)
+        tokens = sum(r.kv_len for r in running) + sum(len(r.input_ids) for r in waiting)
+        return {
+            "dp_rank": 0,
+            "num_reqs": len(running) + len(waiting),
+            "num_waiting_reqs": len(waiting),
+            "num_tokens": tokens,
+        }
+
+    def _post(self, kind: str, payload: Any) -> None:
+        with self._cond:
+            self._inbox.append((kind, payload))
+            self._cond.notify()
+
+    # ---- scheduler thread -----------------------------------------------------------------------
+
+    def _has_work(self) -> bool:
+        return not self.paused and bool(self.running or self.waiting)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._inbox and not self._has_work():
+                    self._cond.wait()
+                items, self._inbox = self._inbox, []
+            for kind, payload in items:
+                self._handle(kind, payload)
+            if self._stopping:
+                return
+            if not self._has_work():
+                continue
+            try:
+                with torch.inference_mode():
+                    self._step()
+            except Exception as exc:  # keep serving: fail the requests of the broken step, not the server
+                logger.exception("engine step failed")
+                for request in list(self.running) + list(self.waiting):
+                    self._finish(request, protocol.finish_abort(f"engine error: {exc}"))
+                self.running.clear()
+                self.waiting.clear()
+                self.runner.cache.clear()
+
+    def _handle(self, kind: str, payload: Any) -> None:
+        if kind == "request":
+            self.waiting.append(payload)
+        elif kind == "abort":
+            rid, abort_all, message = payload
+            self._abort_matching(lambda r: abort_all or r.rid.startswith(rid), message)
+        elif kind == "call":
+            fn, future = payload
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn())
+                except BaseException as exc:
+                    future.set_exception(exc)
+        elif kind == "stop":
+            self._abort_matching(lambda r: True, "server shutting down")
+            self._stopping = True
+
+    def _abort_matching(self, match: Callable[[Request], bool], message: str) -> int:
+        """Abort waiting requests now and running ones (they keep what they produced); returns the count."""
+        count = 0
+        for request in [r for r in self.waiting if match(r)]:
+            self.waiting.remove(request)
+            self._finish(request, protocol.finish_abort(message))
+            count += 1
+        for request in sorted((r for r in self.running if match(r)), key=lambda r: -r.slot):
+            self._remove_running(request)
+            self._finish(request, protocol.finish_abort(message))
+            count += 1
+        return count
+
+    # The control operations below are called through `call()`, so they run on this thread.
+
+    def abort_all(self, message: str = "Aborted") -> int:
+        return self._abort_matching(lambda r: True, message)
+
+    def pause(self, mode: str) -> None:
+        """SGLang's pause modes: abort everything, retract running requests to the queue, or keep them."""
+        self.paused = True
+        if mode == "abort":
+            self.abort_all()
+        elif mode == "retract":
+            self._retract_all()
+
+    def resume(self) -> None:
+        self.paused = False
+
+    def is_idle(self) -> bool:
+        return not self.running and not self.waiting
+
+    def _retract_all(self) -> None:
+        """Drop the KV of running requests and queue them first; they are re-prefilled on continue."""
+        for request in reversed(self.running):
+            request.slot, request.kv_len = -1, 0
+            request.num_retractions += 1
+            self.waiting.appendleft(request)
+        self.running.clear()
+        self.runner.cache.clear()
+
+    def _step(self) -> None:
+        batch = self._admit()
+        if batch:
+            self._prefill(batch)
+        if self.running:
+            self._decode()
+
+    def _admit(self) -> list[Request]:
+        batch: list[Request] = []
+        reserved = sum(r.reserved_tokens() for r in self.running)
+        width = 0
+        while self.waiting and len(self.running) + len(batch) < self.max_running_requests:
+            request = self.waiting[0]
+            length = len(request.input_ids) + len(request.output_ids)
+            if batch and (len(batch) + 1) * max(width, length) > PREFILL_TOKEN_BUDGET:
+                break
+            if (
+                self.max_total_tokens is not None
+                and (self.running or batch)
+                and reserved + request.reserved_tokens() > self.max_total_tokens
+            ):
+                break
+            self.waiting.popleft()
+            batch.append(request)
+            reserved += request.reserved_tokens()
+            width = max(width, length)
+        return batch
+
+    def _prefill(self, batch: list[Request]) -> None:
+        if self.running:
+            self.stats.joined_running_batch += len(batch)
+        start = len(self.running)
+        for i, request in enumerate(batch):
+            request.slot = start + i
+        sequences = [r.input_ids + r.output_ids for r in batch]
+        first_time = [not r.output_ids and r.num_retractions == 0 for r in batch]
+        all_logits = any(r.wants_input_logprobs and first for r, first in zip(batch, first_time, strict=True))
+        logits = self.runner.prefill(sequences, start, all_logits)
+        self.running.extend(batch)
+        self.stats.prefill_batches += 1
+        self.stats.prefill_tokens += sum(len(s) for s in sequences)
+        self.stats.max_running_seen = max(self.stats.max_running_seen, len(self.running))
+        last = []
+        for request, seq, row_logits, first in zip(batch, sequences, logits, first_time, strict=True):
+            request.kv_len = len(seq)
+            if all_logits:
+                if request.wants_input_logprobs and first:
+                    self._record_input_logprobs(request, row_logits)
+                row_logits = row_logits[-1]
+            last.append(row_logits)
+        zero_budget = [r for r in batch if r.max_new_tokens == 0]
+        for request in sorted(zero_budget, key=lambda r: -r.slot):
+            self._remove_running(request)
+            self._finish(request, protocol.finish_length(0))
+        rows = [i for i, r in enumerate(batch) if r.max_new_tokens > 0]
+        if rows:
+            self._sample_and_advance([batch[i] for i in rows], torch.stack([last[i] for i in rows]))
+
+    def _record_input_logprobs(self, request: Request, logits: torch.Tensor) -> None:
+        """SGLang's input_token_logprobs: from logprob_start_len on, the first entry None (raw logits)."""
+        start = request.logprob_start_len
+        ids = request.input_ids
+        targets = torch.tensor(ids[start + 1 :], dtype=torch.long, device=logits.device)
+        values = torch.log_softmax(logits[start : len(ids) - 1], dim=-1).gather(1, targets[:, None])[:, 0]
+        request.input_logprobs = [None, *values.tolist()]
+
+    def _decode(self) -> None:
+        device = self.runner.device
+        tokens = torch.tensor([r.output_ids[-1] for r in self.running], dtype=torch.long, device=device)
+        positions = torch.tensor([r.kv_len for r in self.running], dtype=torch.long, device=device)
+        logits = self.runner.decode(tokens, positions)
+        for request in self.running:
+            request.kv_len += 1
+        self.stats.decode_steps += 1
+        self._sample_and_advance(list(self.running), logits)
+
+    def _sample_and_advance(self, requests: list[Request], logits: torch.Tensor) -> None:
+        banned = [r.banned_until_min if len(r.output_ids) < r.params.min_new_tokens else [] for r in requests]
+        ban_tokens(logits, banned)
+        tokens, logprobs = sample(logits, [r.sampling for r in requests], self.generator)
+        finished = []
+        for request, token, logprob in zip(requests, tokens.tolist(), logprobs.tolist(), strict=True):
+            request.output_ids.append(token)
+            if request.return_logprob:
+                request.output_logprobs.append(logprob)
+            reason = self._check_finished(request, token)
+            if reason is not None:
+                finished.append((request, reason))
+        self.stats.decode_tokens += len(requests)
+        self._throughput_window.append((time.perf_counter(), len(requests)))
+        for request, reason in sorted(finished, key=lambda item: -item[0].slot):
+            self._remove_running(request)
+            self._finish(request, reason)
+
+    def _check_finished(self, request: Request, token: int) -> dict[str, Any] | None:
+        params = request.params
+        if params.stop:
+            tail = self.runner.tokenizer.decode(request.output_ids[-request.stop_tail_tokens :])
+            for stop in params.stop:
+                if stop in tail:
+                    return protocol.finish_stop_str(stop)
+        if token in request.stop_ids:
+            return protocol.finish_stop_token(token)
+        if len(request.output_ids) >= request.max_new_tokens:
+            return protocol.finish_length(request.max_new_tokens)
+        return None
+
+    def _remove_running(self, request: Request) -> None:
+        """Free the request's slot, moving the last running request into it (keeps rows contiguous)."""
+        index = request.slot
+        last = self.running.pop()
+        if last is not request:
+            self.running[index] = last
+            self.runner.cache.move_row(last.slot, index, last.kv_len)
+            last.slot = index
+        request.slot = -1
+
+    def _finish(self, request: Request, reason: dict[str, Any]) -> None:
+        request.finish_reason = reason
+        self.stats.finished_requests += 1
+        if reason["type"] == "abort":
+            self.stats.aborted_requests += 1
+        if request.on_finish is not None:
+            request.on_finish(self._reply(request))
+
+    def _reply(self, request: Request) -> dict[str, Any]:
+        """The /generate reply, in SGLang's shape (see protocol.py)."""
+        params = request.params
+        reason = request.finish_reason
+        ids = request.output_ids
+        matched = reason.get("matched") if reason else None
+        text_ids = ids[:-1] if isinstance(matched, int) and not params.no_stop_trim and ids else ids
+        tokenizer = self.runner.tokenizer
+        text = tokenizer.decode(text_ids, skip_special_tokens=params.skip_special_tokens)
+        if isinstance(matched, str):
+            pos = text.find(matched)
+            if pos != -1:
+                text = text[: pos + len(matched)] if params.no_stop_trim else text[:pos]
+        meta: dict[str, Any] = {
+            "id": request.rid,
+            "finish_reason": reason,
+            "prompt_tokens": len(request.input_ids),
+            "weight_version": self.weight_version,
+            "num_retractions": request.num_retractions,
+        }
+        if request.return_logprob:
+            with_text = request.return_text_in_logprobs
+
+            def triples(values: list[float | None], tokens: list[int]) -> list[list[Any]]:
+                texts = [tokenizer.decode([t]) for t in tokens] if with_text else [None] * len(tokens)
+                return [[v, t, s] for v, t, s in zip(values, tokens, texts, strict=True)]
+
+            start = request.logprob_start_len
+            input_tokens = request.input_ids[start:] if request.input_logprobs else []
+            meta["input_token_logprobs"] = triples(request.input_logprobs, input_tokens)
+            meta["output_token_logprobs"] = triples(request.output_logprobs, ids)
+            meta["output_token_logprobs_length"] = len(ids)
+        meta["completion_tokens"] = len(ids)
+        meta["cached_tokens"] = 0
+        meta["e2e_latency"] = time.perf_counter() - request.arrival
+        return {"text": text, "output_ids": list(ids), "meta_info": meta}
+
+    def internal_state(self) -> dict[str, Any]:
+        """Live numbers for /get_server_info's internal_states (safe to read from any thread)."""
+        window = list(self._throughput_window)
+        if len(window) >= 2 and window[-1][0] > window[0][0]:
+            self.stats.last_gen_throughput = sum(n for _, n in window[1:]) / (window[-1][0] - window[0][0])
+        return {
+            "num_running_reqs": len(self.running),
+            "num_waiting_reqs": len(self.waiting),
+            "paused": self.paused,
+            "kv_cache_bytes": self.runner.cache.nbytes(),
+            **vars(self.stats),
+        }

@@ -1,0 +1,347 @@
+"""HTTP layer (aiohttp): SGLang's native endpoints, translated into engine and scheduler calls.
+
+Only this module knows about HTTP. Handlers run on the asyncio loop; anything that touches the model
+is sent to the scheduler thread (`Scheduler.call`) and blocking collectives to the engine's
+weight-update executor, so the loop stays free to accept requests and aborts at all times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from slime.backends.torch_engine import protocol, weights
+from slime.backends.torch_engine.engine import TorchEngine
+from slime.backends.torch_engine.protocol import ProtocolError, SamplingParams
+from slime.backends.torch_engine.sampling import RowSampling
+from slime.backends.torch_engine.scheduler import Request
+
+logger = logging.getLogger(__name__)
+
+ENGINE = web.AppKey("engine", TorchEngine)
+HEALTH_CHECK_TIMEOUT_S = 20.0
+MAX_BODY_BYTES = 4 << 30  # update_weights_from_tensor carries whole tensors as base64
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response(protocol.error_body(message), status=status)
+
+
+def _result(success: bool, message: str, **extra: Any) -> web.Response:
+    return web.json_response(
+        {"success": success, "message": message, **extra}, status=200 if success else 400
+    )
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    """The JSON body (GET endpoints may carry one, as with FastAPI) merged over the query parameters."""
+    data: dict[str, Any] = dict(request.query)
+    if request.can_read_body:
+        try:
+            parsed = await request.json()
+        except ValueError as exc:
+            raise ProtocolError(f"the request body is not valid JSON: {exc}") from exc
+        if parsed is not None:
+            if not isinstance(parsed, dict):
+                raise ProtocolError("the request body must be a JSON object")
+            data.update(parsed)
+    return data
+
+
+async def _on_scheduler(engine: TorchEngine, fn: Callable[[], Any]) -> Any:
+    return await asyncio.wrap_future(engine.scheduler.call(fn))
+
+
+def _deliver(loop: asyncio.AbstractEventLoop, future: asyncio.Future) -> Callable[[dict[str, Any]], None]:
+    """A scheduler-thread callback that resolves `future` on the loop."""
+
+    def resolve(reply: dict[str, Any]) -> None:
+        if not future.done():
+            future.set_result(reply)
+
+    return lambda reply: loop.call_soon_threadsafe(resolve, reply)
+
+
+def _protocol_errors(handler: Handler) -> Handler:
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except ProtocolError as exc:
+            return _error(exc.status, str(exc))
+
+    return wrapped
+
+
+# ---- generation ---------------------------------------------------------------------------------
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    engine = request.app[ENGINE]
+    inputs, batched = protocol.parse_generate(await _body(request))
+    reason = engine.unavailable_reason()
+    if reason is not None:
+        return _error(503, reason)
+    built = [engine.build_request(gen) for gen in inputs]
+    replies = await _run_requests(engine, built)
+    return web.json_response(replies if batched else replies[0])
+
+
+async def _run_requests(engine: TorchEngine, requests: list[Request]) -> list[dict[str, Any]]:
+    loop = asyncio.get_running_loop()
+    futures = []
+    for req in requests:
+        future = loop.create_future()
+        req.on_finish = _deliver(loop, future)
+        futures.append(future)
+        engine.scheduler.submit(req)
+    try:
+        return list(await asyncio.gather(*futures))
+    except asyncio.CancelledError:  # the client went away: stop generating for it, as SGLang does
+        for req in requests:
+            engine.scheduler.abort(req.rid)
+        raise
+
+
+async def health(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE]
+    ok = not engine.shutting_down and engine.scheduler.is_alive()
+    return web.Response(status=200 if ok else 503)
+
+
+async def health_generate(request: web.Request) -> web.Response:
+    """200 once a one-token greedy generation (or, while paused, a scheduler round trip) completes."""
+    engine = request.app[ENGINE]
+    if engine.unavailable_reason() is not None or not engine.scheduler.is_alive():
+        return web.Response(status=503)
+    try:
+        if engine.scheduler.paused:
+            await asyncio.wait_for(_on_scheduler(engine, lambda: None), HEALTH_CHECK_TIMEOUT_S)
+        else:
+            probe = Request(
+                rid=f"HEALTH_CHECK_{uuid.uuid4().hex}",
+                input_ids=[0],
+                params=SamplingParams(max_new_tokens=1, temperature=0.0),
+                max_new_tokens=1,
+                sampling=RowSampling(temperature=0.0),
+            )
+            await asyncio.wait_for(_run_requests(engine, [probe]), HEALTH_CHECK_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        logger.error("health check: no generation within %.0f s", HEALTH_CHECK_TIMEOUT_S)
+        return web.Response(status=503)
+    return web.Response(status=200)
+
+
+async def abort_request(request: web.Request) -> web.Response:
+    body = await _body(request)
+    request.app[ENGINE].scheduler.abort(str(body.get("rid") or ""), bool(body.get("abort_all", False)))
+    return web.Response(status=200)
+
+
+async def pause_generation(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE]
+    mode = (await _body(request)).get("mode") or "abort"
+    if mode not in ("abort", "retract", "in_place"):
+        raise ProtocolError(f"mode must be one of abort, retract, in_place; got {mode!r}")
+    await _on_scheduler(engine, lambda: engine.scheduler.pause(mode))
+    return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
+
+
+async def continue_generation(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE]
+    await _on_scheduler(engine, engine.scheduler.resume)
+    return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
+
+
+async def flush_cache(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE]
+    ok, message = await _on_scheduler(engine, engine.flush_cache)
+    return web.Response(text=message, status=200 if ok else 400)
+
+
+# ---- information --------------------------------------------------------------------------------
+
+
+async def get_model_info(request: web.Request) -> web.Response:
+    return web.json_response(request.app[ENGINE].model_info())
+
+
+async def get_server_info(request: web.Request) -> web.Response:
+    return web.json_response(request.app[ENGINE].server_info())
+
+
+async def get_load(request: web.Request) -> web.Response:
+    return web.json_response([request.app[ENGINE].scheduler.load()])
+
+
+async def get_weight_version(request: web.Request) -> web.Response:
+    return web.json_response({"weight_version": request.app[ENGINE].weight_version})
+
+
+async def update_weight_version(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE]
+    body = await _body(request)
+    version = body.get("new_version")
+    if not isinstance(version, str):
+        return _result(False, "Failed to update weight version: new_version (a string) is required")
+    if body.get("abort_all_requests", True):
+        await _on_scheduler(engine, engine.scheduler.abort_all)
+    engine.scheduler.weight_version = version
+    return _result(True, f"Weight version updated to {version}", new_version=version)
+
+
+async def get_weights_by_name(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE]
+    body = await _body(request)
+    name, size = body.get("name"), int(body.get("truncate_size", 100))
+    try:
+        values = await _on_scheduler(engine, lambda: engine.weights.get(str(name), size))
+    except (KeyError, RuntimeError) as exc:
+        return _error(400, f"Get parameter by name failed: {exc}")
+    return web.json_response(values)
+
+
+# ---- weight updates -----------------------------------------------------------------------------
+
+
+async def init_weights_update_group(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE]
+    body = await _body(request)
+    missing = [k for k in ("master_address", "master_port", "rank_offset", "world_size") if k not in body]
+    if missing:
+        return _result(False, f"Failed to initialize custom process group: missing {missing}")
+    ok, message = await asyncio.get_running_loop().run_in_executor(
+        engine.dist_executor, engine.init_group, body
+    )
+    return _result(ok, message)
+
+
+async def destroy_weights_update_group(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE]
+    name = (await _body(request)).get("group_name") or "weight_update_group"
+    ok, message = await asyncio.get_running_loop().run_in_executor(
+        engine.dist_executor, engine.destroy_group, name
+    )
+    return _result(ok, message)
+
+
+async def _apply(engine: TorchEngine, body: dict[str, Any], tensors: list) -> tuple[bool, str]:
+    version, flush = body.get("weight_version"), bool(body.get("flush_cache", True))
+    return await _on_scheduler(engine, lambda: engine.load_weights(tensors, version, flush))
+
+
+async def update_weights_from_distributed(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE]
+    body = await _body(request)
+    try:
+        if body.get("abort_all_requests"):
+            await _on_scheduler(engine, engine.scheduler.abort_all)
+        tensors = await asyncio.get_running_loop().run_in_executor(engine.dist_executor, engine.receive, body)
+        ok, message = await _apply(engine, body, tensors)
+    except Exception as exc:
+        logger.error("update_weights_from_distributed failed: %s", exc)
+        ok, message = False, f"Failed to update weights: {exc}"
+    return _result(ok, message)
+
+
+async def update_weights_from_tensor(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE]
+    body = await _body(request)
+    entries = body.get("serialized_named_tensors")
+    if not isinstance(entries, list) or not entries:
+        return _result(False, "serialized_named_tensors must be a non-empty list (one entry per TP rank)")
+    try:
+        if body.get("abort_all_requests"):
+            await _on_scheduler(engine, engine.scheduler.abort_all)
+        # One entry per TP rank; this engine is TP rank 0 of a TP-1 engine.
+        tensors = await asyncio.get_running_loop().run_in_executor(
+            None, weights.deserialize_named_tensors, entries[0]
+        )
+        ok, message = await _apply(engine, body, tensors)
+    except Exception as exc:
+        ok, message = False, f"Failed to update weights: {exc}"
+    return _result(ok, message)
+
+
+async def update_weights_from_disk(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE]
+    body = await _body(request)
+    path = body.get("model_path")
+    if not isinstance(path, str):
+        return _result(False, "model_path is required", num_paused_requests=0)
+    try:
+        if body.get("abort_all_requests"):
+            await _on_scheduler(engine, engine.scheduler.abort_all)
+        tensors = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: list(weights.iter_safetensors(path))
+        )
+        ok, message = await _apply(engine, body, tensors)
+    except Exception as exc:
+        ok, message = False, f"Failed to update weights: {exc}"
+    if ok:
+        engine.model_path = str(Path(path).resolve())
+    return _result(ok, message, num_paused_requests=0)
+
+
+async def release_memory_occupation(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE]
+    tags = (await _body(request)).get("tags")
+    await _on_scheduler(engine, lambda: engine.release_memory(tags))
+    return web.json_response(None)
+
+
+async def resume_memory_occupation(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE]
+    tags = (await _body(request)).get("tags")
+    await _on_scheduler(engine, lambda: engine.resume_memory(tags))
+    return web.json_response(None)
+
+
+# ---- app ----------------------------------------------------------------------------------------
+
+ROUTES: list[tuple[tuple[str, ...], str, Handler]] = [
+    (("GET",), "/health", health),
+    (("GET",), "/health_generate", health_generate),
+    (("GET",), "/get_model_info", get_model_info),
+    (("GET",), "/model_info", get_model_info),
+    (("GET",), "/get_server_info", get_server_info),
+    (("GET",), "/server_info", get_server_info),
+    (("GET",), "/get_load", get_load),
+    (("GET",), "/get_weight_version", get_weight_version),
+    (("POST", "PUT"), "/generate", generate),
+    (("POST",), "/abort_request", abort_request),
+    (("POST",), "/pause_generation", pause_generation),
+    (("POST",), "/continue_generation", continue_generation),
+    (("GET", "POST"), "/flush_cache", flush_cache),
+    (("POST",), "/update_weight_version", update_weight_version),
+    (("GET", "POST"), "/get_weights_by_name", get_weights_by_name),
+    (("POST",), "/init_weights_update_group", init_weights_update_group),
+    (("POST",), "/destroy_weights_update_group", destroy_weights_update_group),
+    (("POST",), "/update_weights_from_distributed", update_weights_from_distributed),
+    (("POST",), "/update_weights_from_tensor", update_weights_from_tensor),
+    (("POST",), "/update_weights_from_disk", update_weights_from_disk),
+    (("GET", "POST"), "/release_memory_occupation", release_memory_occupation),
+    (("GET", "POST"), "/resume_memory_occupation", resume_memory_occupation),
+]
+
+
+def create_app(engine: TorchEngine) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app[ENGINE] = engine
+    for methods, path, handler in ROUTES:
+        for method in methods:
+            app.router.add_route(method, path, _protocol_errors(handler))
+
+    async def on_shutdown(app: web.Application) -> None:
+        # Abort running requests (their handlers answer with what was produced) and close the groups.
+        await asyncio.get_running_loop().run_in_executor(None, app[ENGINE].shutdown)
+
+    app.on_shutdown.append(on_shutdown)
+    return app

@@ -1,0 +1,143 @@
+"""Command line of the torch engine: SGLang's own server flag names, so `--sglang-*` options pass through.
+
+Three kinds of SGLang flags:
+- honoured: the ones this engine implements (`SUPPORTED`);
+- accepted without effect, each for a stated reason (`NO_EFFECT`), because slime's launcher always
+  passes them to SGLang (ports for SGLang's internal NCCL, warm-up, memory-saver switches ...);
+- everything else: refused at start with one line naming the option, exit status 2, so a setting that
+  would change behaviour on real SGLang is never silently dropped here.
+Parallel sizes must be 1 (one process, one device).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+PROG = "python -m slime.backends.torch_engine"
+
+# SGLang flag (snake_case) -> why it has no effect here.
+NO_EFFECT = {
+    "mem_fraction_static": "no static KV pool: the cache grows on demand, bounded by --max-total-tokens",
+    "enable_memory_saver": "release/resume_memory_occupation always work",
+    "skip_server_warmup": "there is no warm-up",
+    "nccl_port": "no internal NCCL group (single process)",
+    "dist_init_addr": "no internal process group (single process)",
+    "gpu_id_step": "single device",
+    "disable_radix_cache": "there is no prefix cache",
+    "chunked_prefill_size": "prefill batches are bounded by the engine's own token budget",
+    "cuda_graph_max_bs": "no CUDA graphs",
+    "cuda_graph_bs": "no CUDA graphs",
+    "disable_cuda_graph": "no CUDA graphs",
+    "enable_draft_weights_cpu_backup": "no speculative decoding",
+    "log_level_http": "HTTP access logs follow --log-level",
+    "load_format": "weights are read with transformers (safetensors)",
+    "enable_metrics": "counters are in /get_server_info internal_states",
+    "watchdog_timeout": "no watchdog",
+}
+# Parallel sizes that only have one valid value in this engine.
+MUST_BE_ONE = ("tp_size", "dp_size", "pp_size", "ep_size", "nnodes")
+
+
+@dataclass
+class ServerArgs:
+    """The engine's settings; field names are SGLang's ServerArgs names (reported by /get_server_info)."""
+
+    model_path: str
+    tokenizer_path: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 30000
+    tp_size: int = 1
+    dp_size: int = 1
+    pp_size: int = 1
+    ep_size: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    base_gpu_id: int = 0
+    context_length: int | None = None
+    max_running_requests: int | None = None
+    max_total_tokens: int | None = None
+    random_seed: int | None = None
+    log_level: str = "info"
+    device: str | None = None
+    dtype: str = "auto"
+    trust_remote_code: bool = False
+    served_model_name: str | None = None
+    weight_version: str = "default"
+    ignored: dict[str, Any] = field(default_factory=dict)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="SGLang-protocol generation server in plain PyTorch + transformers.",
+        allow_abbrev=False,
+    )
+    parser.add_argument("--model-path", required=True, help="local HF checkpoint directory")
+    parser.add_argument("--tokenizer-path", default=None)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000)
+    for name in MUST_BE_ONE:
+        parser.add_argument("--" + name.replace("_", "-"), type=int, default=1)
+    parser.add_argument("--node-rank", type=int, default=0)
+    parser.add_argument("--base-gpu-id", type=int, default=0, help="CUDA device index with --device cuda")
+    parser.add_argument("--context-length", type=int, default=None, help="default: max_position_embeddings")
+    parser.add_argument("--max-running-requests", type=int, default=None, help="default 64")
+    parser.add_argument("--max-total-tokens", type=int, default=None, help="token budget of running requests")
+    parser.add_argument("--random-seed", type=int, default=None)
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"]
+    )
+    parser.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda if available")
+    parser.add_argument(
+        "--dtype", default="auto", choices=["auto", "float32", "float", "bfloat16", "float16", "half"]
+    )
+    parser.add_argument("--trust-remote-code", action="store_true")
+    parser.add_argument("--served-model-name", default=None)
+    parser.add_argument("--weight-version", default="default")
+    for name in NO_EFFECT:
+        parser.add_argument(
+            "--" + name.replace("_", "-"), nargs="?", const=True, default=None, help=argparse.SUPPRESS
+        )
+
+    def one_line_error(message: str) -> NoReturn:
+        parser.exit(2, f"{PROG}: error: {message}\n")
+
+    parser.error = one_line_error  # type: ignore[method-assign]
+    return parser
+
+
+def parse_server_args(argv: list[str] | None = None) -> ServerArgs:
+    """Parse the command line; any problem exits with status 2 and one line on stderr."""
+    parser = _parser()
+    namespace, unknown = parser.parse_known_args(argv)
+    for token in unknown:
+        if token.startswith("--"):
+            name = token.split("=", 1)[0]
+            parser.error(f"{name} is an SGLang option that the torch engine does not support")
+    if unknown:
+        parser.error(f"unexpected argument {unknown[0]!r}")
+    values = vars(namespace)
+    for name in MUST_BE_ONE:
+        if values[name] != 1:
+            flag = "--" + name.replace("_", "-")
+            parser.error(
+                f"{flag} {values[name]} is not supported by the torch engine (one process, one device)"
+            )
+    if values["node_rank"] != 0:
+        parser.error("--node-rank must be 0 for the torch engine (single node)")
+    for name in ("context_length", "max_running_requests", "max_total_tokens"):
+        if values[name] is not None and values[name] <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be positive, got {values[name]}")
+    ignored = {name: values.pop(name) for name in NO_EFFECT if values.get(name) is not None}
+    for name in NO_EFFECT:
+        values.pop(name, None)
+    return ServerArgs(**values, ignored=ignored)
+
+
+def main_error(message: str) -> NoReturn:
+    """One-line start-up failure (e.g. the model directory is unusable), exit status 2."""
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    sys.exit(2)

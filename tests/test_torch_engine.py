@@ -1,0 +1,577 @@
+"""The torch engine speaks SGLang's HTTP protocol: every test talks to a real engine subprocess over HTTP.
+
+Correctness is checked against plain transformers on the same checkpoint: greedy outputs equal
+`model.generate`, returned logprobs equal log_softmax(logits / T) of one forward pass, whatever the
+batching. Weight updates are checked through /get_weights_by_name after sending new weights the way a
+trainer does (a rank-0 gloo group, a serialized tensor payload, a checkpoint directory).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+import torch
+
+from slime.backends.torch_engine.weights import create_weight_update_group, serialize_named_tensors
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[1]
+MAX_RUNNING = 4
+DIST_TIMEOUT_S = 3  # a collective whose peer never comes fails after this long (engine env below)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _start_engine(model: Path, *extra: str) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    env = {**os.environ, "SLIME_TORCH_ENGINE_DIST_TIMEOUT": str(DIST_TIMEOUT_S)}
+    cmd = [sys.executable, "-m", "slime.backends.torch_engine", "--model-path", str(model)]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", *extra]
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"engine exited with {proc.returncode}: {proc.stderr.read()}")
+        try:
+            if requests.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except requests.ConnectionError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("engine did not become healthy")
+
+
+def _stop(proc: subprocess.Popen) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_models) -> Path:
+    return tiny_models["qwen2"]
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir) -> Iterator[str]:
+    proc, url = _start_engine(
+        model_dir,
+        "--max-running-requests",
+        str(MAX_RUNNING),
+        "--random-seed",
+        "0",
+        "--mem-fraction-static",
+        "0.5",
+    )
+    try:
+        yield url
+    finally:
+        _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def hf(model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(model_dir)
+
+
+@pytest.fixture
+def restore_weights(engine, model_dir) -> Iterator[None]:
+    """Tests that change the engine's weights put the original checkpoint back afterwards."""
+    yield
+    reply = requests.post(f"{engine}/update_weights_from_disk", json={"model_path": str(model_dir)}).json()
+    assert reply["success"], reply
+
+
+def generate(url: str, **body) -> dict:
+    response = requests.post(f"{url}/generate", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def forward_logprobs(model, ids: list[int], prompt_len: int, temperature: float) -> torch.Tensor:
+    """log p(token | prefix) of ids[prompt_len:] under log_softmax(logits / T): what a trainer recomputes."""
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].float()
+    logprobs = torch.log_softmax(logits / temperature, dim=-1)
+    targets = torch.tensor(ids[prompt_len:])
+    return logprobs[prompt_len - 1 : len(ids) - 1].gather(1, targets[:, None])[:, 0]
+
+
+def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """transformers' greedy continuation with EOS suppressed (engine side: min_new_tokens == n)."""
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt]), do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=0
+        )
+    return out[0, len(prompt) :].tolist()
+
+
+# ---- generation -----------------------------------------------------------------------------------
+
+
+def test_text_and_input_ids_give_the_same_sglang_shaped_reply(engine, hf):
+    _, tokenizer = hf
+    params = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+    by_text = generate(engine, text="sort 3 1 2", sampling_params=params)
+    by_ids = generate(engine, input_ids=tokenizer("sort 3 1 2")["input_ids"], sampling_params=params)
+    assert by_text["output_ids"] == by_ids["output_ids"] and len(by_text["output_ids"]) == 6
+    assert by_text["text"] == tokenizer.decode(by_text["output_ids"], skip_special_tokens=True)
+    meta = by_text["meta_info"]
+    assert meta["finish_reason"] == {"type": "length", "length": 6}
+    assert meta["prompt_tokens"] == 10 and meta["completion_tokens"] == 6 and meta["cached_tokens"] == 0
+    assert meta["weight_version"] == "default" and isinstance(meta["id"], str) and meta["e2e_latency"] > 0
+    assert "output_token_logprobs" not in meta
+
+
+def test_greedy_output_equals_transformers_generate(engine, hf):
+    model, tokenizer = hf
+    for prompt in ("hello", "12+30="):
+        ids = tokenizer(prompt)["input_ids"]
+        reply = generate(
+            engine,
+            input_ids=ids,
+            sampling_params={"max_new_tokens": 12, "min_new_tokens": 12, "temperature": 0},
+        )
+        assert reply["output_ids"] == hf_greedy(model, ids, 12)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_equal_a_forward_pass(engine, hf, temperature):
+    model, tokenizer = hf
+    ids = tokenizer("abc def")["input_ids"]
+    reply = generate(
+        engine,
+        input_ids=ids,
+        sampling_params={"max_new_tokens": 16, "temperature": temperature, "ignore_eos": True},
+        return_logprob=True,
+        logprob_start_len=0,
+    )
+    out = reply["output_ids"]
+    triples = reply["meta_info"]["output_token_logprobs"]
+    assert [t[1] for t in triples] == out and all(t[2] is None for t in triples)
+    expected = forward_logprobs(model, ids + out, len(ids), temperature)
+    assert torch.allclose(torch.tensor([t[0] for t in triples]), expected, atol=1e-4)
+    # Prompt logprobs (raw logits, as SGLang): first entry None, then log p(ids[i] | ids[:i]).
+    prompt = reply["meta_info"]["input_token_logprobs"]
+    assert prompt[0][0] is None and [t[1] for t in prompt] == ids
+    assert torch.allclose(
+        torch.tensor([t[0] for t in prompt[1:]]), forward_logprobs(model, ids, 1, 1.0), atol=1e-4
+    )
+
+
+def test_greedy_logprob_is_taken_at_temperature_one(engine, hf):
+    model, tokenizer = hf
+    ids = tokenizer("xyz")["input_ids"]
+    reply = generate(
+        engine,
+        input_ids=ids,
+        sampling_params={"max_new_tokens": 5, "temperature": 0, "ignore_eos": True},
+        return_logprob=True,
+    )
+    got = torch.tensor([t[0] for t in reply["meta_info"]["output_token_logprobs"]])
+    assert torch.allclose(got, forward_logprobs(model, ids + reply["output_ids"], len(ids), 1.0), atol=1e-4)
+
+
+def test_stop_token_ids_stop_strings_and_trimming(engine, hf):
+    _, tokenizer = hf
+    ids = tokenizer("q: ")["input_ids"]
+    base = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+    free = generate(engine, input_ids=ids, sampling_params=base)["output_ids"]
+    stop_id = free[2]
+    first = free.index(stop_id)
+    by_token = generate(
+        engine, input_ids=ids, sampling_params={**base, "ignore_eos": False, "stop_token_ids": [stop_id]}
+    )
+    assert by_token["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_id}
+    assert by_token["output_ids"] == free[: first + 1]  # the matched token stays in output_ids ...
+    assert by_token["text"] == tokenizer.decode(free[:first])  # ... but not in the text
+    kept = generate(
+        engine,
+        input_ids=ids,
+        sampling_params={**base, "ignore_eos": False, "stop_token_ids": [stop_id], "no_stop_trim": True},
+    )
+    assert kept["text"] == tokenizer.decode(free[: first + 1])
+    # ignore_eos disables stop_token_ids too (SGLang)
+    ignored = generate(engine, input_ids=ids, sampling_params={**base, "stop_token_ids": [stop_id]})
+    assert ignored["output_ids"] == free
+
+    full_text = tokenizer.decode(free)
+    stop_str = full_text[3:5]
+    cut = full_text.find(stop_str)
+    by_str = generate(engine, input_ids=ids, sampling_params={**base, "stop": [stop_str, "never"]})
+    assert by_str["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_str}
+    assert by_str["text"] == full_text[:cut]
+    by_str_kept = generate(
+        engine, input_ids=ids, sampling_params={**base, "stop": stop_str, "no_stop_trim": True}
+    )
+    assert by_str_kept["text"] == full_text[: cut + len(stop_str)]
+
+
+def test_min_new_tokens_suppresses_stop_tokens(engine, hf):
+    _, tokenizer = hf
+    ids = tokenizer("q: ")["input_ids"]
+    free = generate(engine, input_ids=ids, sampling_params={"max_new_tokens": 8, "temperature": 0})[
+        "output_ids"
+    ]
+    stop_id = free[0]
+    early = generate(
+        engine,
+        input_ids=ids,
+        sampling_params={"max_new_tokens": 8, "temperature": 0, "stop_token_ids": [stop_id]},
+    )
+    assert early["output_ids"] == [stop_id]
+    late = generate(
+        engine,
+        input_ids=ids,
+        sampling_params={
+            "max_new_tokens": 8,
+            "temperature": 0,
+            "stop_token_ids": [stop_id],
+            "min_new_tokens": 3,
+        },
+    )
+    assert stop_id not in late["output_ids"][:3] and len(late["output_ids"]) >= 3
+
+
+def test_seeded_sampling_is_reproducible(engine):
+    params = {"max_new_tokens": 16, "temperature": 1.0, "ignore_eos": True}
+    a = generate(engine, text="seed", sampling_params={**params, "sampling_seed": 7})["output_ids"]
+    b = generate(engine, text="seed", sampling_params={**params, "sampling_seed": 7})["output_ids"]
+    c = generate(engine, text="seed", sampling_params={**params, "sampling_seed": 8})["output_ids"]
+    assert a == b and a != c
+    top = generate(
+        engine,
+        text="seed",
+        sampling_params={**params, "sampling_seed": 7, "top_k": 3, "top_p": 0.9, "min_p": 0.05},
+    )
+    assert len(top["output_ids"]) == 16
+
+
+def test_sixteen_concurrent_requests_queue_and_join_a_running_batch(engine, hf):
+    model, tokenizer = hf
+    before = requests.get(f"{engine}/get_server_info").json()["internal_states"][0]
+    prompts = [tokenizer("x" * (1 + i % 5) + str(i))["input_ids"] for i in range(16)]
+    lengths = [3 + (7 * i) % 17 for i in range(16)]
+
+    def one(i: int) -> dict:
+        params = {"max_new_tokens": lengths[i], "min_new_tokens": lengths[i], "temperature": 0}
+        return generate(engine, input_ids=prompts[i], sampling_params=params, return_logprob=True)
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        replies = list(pool.map(one, range(16)))
+    for i, reply in enumerate(replies):
+        assert reply["meta_info"]["finish_reason"] == {"type": "length", "length": lengths[i]}
+        assert reply["output_ids"] == hf_greedy(model, prompts[i], lengths[i]), i
+    after = requests.get(f"{engine}/get_server_info").json()["internal_states"][0]
+    assert after["max_running_seen"] == MAX_RUNNING  # the limit held, the rest queued
+    assert after["joined_running_batch"] > before["joined_running_batch"]  # late requests joined decoding
+    assert after["num_running_reqs"] == 0 and after["num_waiting_reqs"] == 0
+
+
+def test_bad_requests_are_400_with_sglang_error_shape(engine):
+    too_long = requests.post(f"{engine}/generate", json={"input_ids": [5] * 600})
+    assert too_long.status_code == 400 and "context length" in too_long.json()["error"]["message"]
+    over = requests.post(
+        f"{engine}/generate", json={"input_ids": [5] * 500, "sampling_params": {"max_new_tokens": 50}}
+    )
+    assert over.status_code == 400 and "maximum context length" in over.json()["error"]["message"]
+    assert (
+        requests.post(f"{engine}/generate", json={"text": "a", "sampling_params": {"top_k": 0}}).status_code
+        == 400
+    )
+    streamed = requests.post(f"{engine}/generate", json={"text": "a", "stream": True})
+    assert streamed.status_code == 400 and "stream" in streamed.json()["error"]["message"]
+
+
+# ---- abort, pause ---------------------------------------------------------------------------------
+
+
+def _start_long(url: str, rid: str, pool: concurrent.futures.Executor) -> concurrent.futures.Future:
+    future = pool.submit(
+        generate,
+        url,
+        rid=rid,
+        text="long",
+        sampling_params={"max_new_tokens": 480, "temperature": 0, "ignore_eos": True},
+    )
+    deadline = time.monotonic() + 30
+    while requests.get(f"{url}/get_load").json()[0]["num_reqs"] == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    return future
+
+
+def _decode_steps(url: str) -> int:
+    return requests.get(f"{url}/get_server_info").json()["internal_states"][0]["decode_steps"]
+
+
+def test_pause_in_place_stops_decoding_and_abort_returns_partial_output(engine):
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        future = _start_long(engine, "long-in-place", pool)
+        assert requests.post(f"{engine}/pause_generation", json={"mode": "in_place"}).json()["status"] == "ok"
+        steps = _decode_steps(engine)
+        time.sleep(0.3)
+        assert _decode_steps(engine) == steps  # no decode step while paused
+        assert (
+            requests.post(f"{engine}/abort_request", json={"rid": "long-in"}).status_code == 200
+        )  # rid prefix
+        reply = future.result(30)
+        requests.post(f"{engine}/continue_generation", json={})
+    meta = reply["meta_info"]
+    assert meta["finish_reason"]["type"] == "abort" and meta["finish_reason"]["message"] == "Aborted"
+    assert 0 < meta["completion_tokens"] == len(reply["output_ids"]) < 480
+
+
+def test_pause_abort_mode_aborts_running_and_new_requests_wait_for_continue(engine):
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        running = _start_long(engine, "long-abort-mode", pool)
+        requests.post(f"{engine}/pause_generation", json={"mode": "abort"})
+        assert running.result(30)["meta_info"]["finish_reason"]["type"] == "abort"
+        waiting = pool.submit(generate, engine, text="later", sampling_params={"max_new_tokens": 3})
+        time.sleep(0.3)
+        assert not waiting.done()
+        requests.post(f"{engine}/continue_generation", json={})
+        assert waiting.result(30)["meta_info"]["completion_tokens"] == 3
+
+
+def test_pause_retract_then_continue_gives_the_uninterrupted_output(engine):
+    params = {"max_new_tokens": 200, "temperature": 0, "ignore_eos": True}
+    reference = generate(engine, text="retract me", sampling_params=params)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        future = pool.submit(generate, engine, text="retract me", sampling_params=params)
+        while requests.get(f"{engine}/get_load").json()[0]["num_reqs"] == 0:
+            time.sleep(0.002)
+        requests.post(f"{engine}/pause_generation", json={"mode": "retract"})
+        requests.post(f"{engine}/continue_generation", json={})
+        reply = future.result(30)
+    assert reply["output_ids"] == reference["output_ids"]
+    assert reply["meta_info"]["num_retractions"] in (0, 1)  # 0 only if it finished before the pause
+
+
+def test_abort_all_and_flush_cache(engine):
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        future = _start_long(engine, "long-abort-all", pool)
+        assert requests.get(f"{engine}/flush_cache").status_code == 400  # a request is in flight
+        requests.post(f"{engine}/abort_request", json={"abort_all": True})
+        assert future.result(30)["meta_info"]["finish_reason"]["type"] == "abort"
+    assert requests.post(f"{engine}/flush_cache").status_code == 200
+    assert requests.get(f"{engine}/health_generate").status_code == 200
+
+
+# ---- weights --------------------------------------------------------------------------------------
+
+
+def _weights(url: str, name: str, size: int = 100) -> list:
+    response = requests.get(f"{url}/get_weights_by_name", json={"name": name, "truncate_size": size})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _random_state(model, seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return {n: torch.randn(p.shape, generator=gen) * 0.02 for n, p in model.named_parameters()}
+
+
+def _assert_engine_has(url: str, state: dict[str, torch.Tensor]) -> None:
+    for name in ("model.embed_tokens.weight", "model.layers.1.mlp.down_proj.weight", "model.norm.weight"):
+        assert torch.allclose(torch.tensor(_weights(url, name, 3)), state[name][:3], atol=1e-6), name
+
+
+def test_update_weights_from_distributed(engine, hf, restore_weights):
+    model, _ = hf
+    port = _free_port()
+    holder: dict = {}
+    trainer = threading.Thread(
+        target=lambda: holder.update(
+            group=create_weight_update_group("127.0.0.1", port, 0, 2, "wug", "gloo", 30)
+        )
+    )
+    trainer.start()
+    init = requests.post(
+        f"{engine}/init_weights_update_group",
+        json={
+            "master_address": "127.0.0.1",
+            "master_port": port,
+            "rank_offset": 1,
+            "world_size": 2,
+            "group_name": "wug",
+            "backend": "gloo",
+        },
+    )
+    trainer.join()
+    assert init.json() == {"success": True, "message": "Succeeded to initialize custom process group."}
+    group = holder["group"]
+
+    def push(state: dict[str, torch.Tensor], version: str, load_format: str | None) -> dict:
+        names = list(state)
+        body = {
+            "names": names,
+            "dtypes": ["float32"] * len(names),
+            "shapes": [list(state[n].shape) for n in names],
+            "group_name": "wug",
+            "weight_version": version,
+            "load_format": load_format,
+        }
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            reply = pool.submit(requests.post, f"{engine}/update_weights_from_distributed", json=body)
+            if load_format:  # one uint8 buffer: every tensor's bytes back to back (SGLang's flattened bucket)
+                tensors = [torch.cat([state[n].reshape(-1).view(torch.uint8) for n in names])]
+            else:
+                tensors = [state[n] for n in names]
+            for tensor in tensors:
+                group.broadcast([tensor.contiguous()]).wait()
+            return reply.result(30).json()
+
+    state = _random_state(model, 1)
+    assert push(state, "v1", None)["success"]
+    _assert_engine_has(engine, state)
+    assert requests.get(f"{engine}/get_weight_version").json() == {"weight_version": "v1"}
+    assert (
+        generate(engine, text="a", sampling_params={"max_new_tokens": 1})["meta_info"]["weight_version"]
+        == "v1"
+    )
+
+    state = _random_state(model, 2)
+    assert push(state, "v2", "flattened_bucket")["success"]
+    _assert_engine_has(engine, state)
+    assert requests.get(f"{engine}/get_model_info").json()["weight_version"] == "v2"
+
+    # A trainer that never sends: the call fails after the timeout instead of hanging.
+    names = ["model.norm.weight"]
+    body = {"names": names, "dtypes": ["float32"], "shapes": [[128]], "group_name": "wug"}
+    started = time.monotonic()
+    failed = requests.post(f"{engine}/update_weights_from_distributed", json=body)
+    assert failed.status_code == 400 and failed.json()["success"] is False
+    assert time.monotonic() - started < DIST_TIMEOUT_S + 10
+    destroyed = requests.post(f"{engine}/destroy_weights_update_group", json={"group_name": "wug"}).json()
+    assert destroyed["success"]
+    assert not requests.post(f"{engine}/destroy_weights_update_group", json={"group_name": "wug"}).json()[
+        "success"
+    ]
+
+
+def test_update_weights_from_tensor(engine, hf, restore_weights):
+    model, _ = hf
+    for seed, flattened in ((3, False), (4, True)):
+        state = _random_state(model, seed)
+        payload = serialize_named_tensors(list(state.items()), flattened=flattened)
+        reply = requests.post(
+            f"{engine}/update_weights_from_tensor",
+            json={
+                "serialized_named_tensors": [payload],
+                "load_format": "flattened_bucket" if flattened else None,
+                "flush_cache": True,
+                "weight_version": f"t{seed}",
+            },
+        ).json()
+        assert reply["success"], reply
+        _assert_engine_has(engine, state)
+        assert requests.get(f"{engine}/get_weight_version").json()["weight_version"] == f"t{seed}"
+    bad = serialize_named_tensors([("no.such.weight", torch.zeros(2))])
+    reply = requests.post(f"{engine}/update_weights_from_tensor", json={"serialized_named_tensors": [bad]})
+    assert reply.status_code == 400 and "no.such.weight" in reply.json()["message"]
+
+
+def test_update_weights_from_disk_and_weight_version(engine, hf, model_dir, tmp_path, restore_weights):
+    from safetensors.torch import save_file
+
+    model, _ = hf
+    state = _random_state(model, 5)
+    new_dir = tmp_path / "new"
+    shutil.copytree(model_dir, new_dir)
+    save_file({k: v for k, v in state.items() if k != "lm_head.weight"}, str(new_dir / "model.safetensors"))
+    reply = requests.post(
+        f"{engine}/update_weights_from_disk", json={"model_path": str(new_dir), "weight_version": "d1"}
+    )
+    assert reply.json() == {"success": True, "message": reply.json()["message"], "num_paused_requests": 0}
+    _assert_engine_has(engine, state)
+    info = requests.get(f"{engine}/get_model_info").json()
+    assert info["model_path"] == str(new_dir.resolve()) and info["weight_version"] == "d1"
+    assert (
+        requests.post(f"{engine}/update_weights_from_disk", json={"model_path": str(tmp_path)}).status_code
+        == 400
+    )
+    bumped = requests.post(f"{engine}/update_weight_version", json={"new_version": "d2"}).json()
+    assert bumped == {"success": True, "message": "Weight version updated to d2", "new_version": "d2"}
+
+
+def test_release_and_resume_memory_occupation(engine, model_dir, restore_weights):
+    params = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+    before = generate(engine, text="mem", sampling_params=params)["output_ids"]
+    requests.post(f"{engine}/release_memory_occupation", json={"tags": ["kv_cache"]})
+    refused = requests.post(f"{engine}/generate", json={"text": "mem"})
+    assert refused.status_code == 503 and "resume_memory_occupation" in refused.json()["error"]["message"]
+    requests.post(f"{engine}/resume_memory_occupation", json={"tags": ["kv_cache"]})
+    assert generate(engine, text="mem", sampling_params=params)["output_ids"] == before
+
+    requests.post(f"{engine}/release_memory_occupation", json={})  # tags null: everything
+    assert requests.get(f"{engine}/health_generate").status_code == 503
+    assert (
+        requests.get(f"{engine}/get_weights_by_name", json={"name": "model.norm.weight"}).status_code == 400
+    )
+    # Weights may be pushed before resuming; the rest come back as zeros until the next update.
+    requests.post(f"{engine}/resume_memory_occupation", json={"tags": None})
+    assert _weights(engine, "model.norm.weight", 4) == [0.0] * 4
+    reload = requests.post(f"{engine}/update_weights_from_disk", json={"model_path": str(model_dir)}).json()
+    assert reload["success"]
+    assert generate(engine, text="mem", sampling_params=params)["output_ids"] == before
+
+
+# ---- process ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flag", "words"),
+    [
+        (["--attention-backend", "triton"], "--attention-backend is an SGLang option"),
+        (["--tp-size", "2"], "--tp-size 2"),
+    ],
+)
+def test_unsupported_option_is_rejected_at_start(model_dir, flag, words):
+    cmd = [sys.executable, "-m", "slime.backends.torch_engine", "--model-path", str(model_dir), *flag]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0] and "torch engine" in lines[0]
+
+
+def test_sigterm_aborts_in_flight_requests_and_exits_zero(model_dir):
+    proc, url = _start_engine(model_dir)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            future = _start_long(url, "bye", pool)
+            proc.send_signal(signal.SIGTERM)
+            reply = future.result(30)
+        assert reply["meta_info"]["finish_reason"]["type"] == "abort"
+        assert proc.wait(30) == 0
+    finally:
+        _stop(proc)

@@ -170,3 +170,37 @@ def test_sft_steps_lower_the_loss_and_dp2_matches_dp1(qwen2_group, tiny_models, 
     finally:
         resumed.shutdown()
         remove_placement_group(pg)
+
+
+def test_grpo_step_zero_is_on_policy(ray_cluster, tiny_models, qwen2_group):
+    """Step 0 of a rollout: ratio 1 (ppo_kl 0, no clipping), KL to the fresh reference 0, and the
+    trainer's log-probs equal the ones the rollout reported."""
+    from ray.util.placement_group import remove_placement_group
+
+    data = sft_data(8)
+    data["rewards"] = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0]
+    data["rollout_log_probs"] = qwen2_group.compute_log_probs({**data, "tokens": data["tokens"]})
+    extra = [
+        "--n-samples-per-prompt",
+        "4",
+        "--rollout-batch-size",
+        "2",
+        "--use-kl-loss",
+        "--kl-loss-coef",
+        "0.1",
+    ]
+    args = trainer_args(tiny_models["qwen2"], extra=extra)
+    args.loss_type = "policy_loss"
+    group, _, pg = make_group(args)
+    try:
+        first = group.train(data)[0]
+        assert first["ppo_kl"] == pytest.approx(0.0, abs=1e-6)
+        assert first["pg_clipfrac"] == 0.0
+        assert first["kl_loss"] == pytest.approx(0.0, abs=1e-6)
+        assert first["train_rollout_logprob_abs_diff"] < 1e-5
+        assert first["grad_norm"] > 0
+        second = group.train(data)[0]
+        assert abs(second["kl_loss"]) > 1e-4  # the policy moved away from the frozen reference
+    finally:
+        group.shutdown()
+        remove_placement_group(pg)

@@ -62,21 +62,25 @@ class TrainerActor:
         """``--num-steps-per-rollout`` optimizer steps over one rollout; metrics of every step."""
         from megatron.core import parallel_state as mpu
 
+        from slime.algorithms.advantages import outcome_advantages
         from slime.ray.train_data import step_shard
 
-        steps = self.args.num_steps_per_rollout
-        metrics = []
-        for step in range(steps):
-            shard = step_shard(
-                data,
-                step,
-                steps,
-                mpu.get_data_parallel_rank(),
-                mpu.get_data_parallel_world_size(),
-                self.args.loss_agg_mode,
+        args = self.args
+        if args.loss_type == "policy_loss":
+            advantages = outcome_advantages(
+                data["rewards"],
+                data["response_lengths"],
+                args.n_samples_per_prompt,
+                args.advantage_estimator,
+                normalize_std=not args.disable_grpo_std_normalization,
             )
-            metrics.append(self.trainer.train_step(shard))
-        return metrics
+            data = {**data, "advantages": advantages}
+        dp_rank, dp_size = mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size()
+        steps = args.num_steps_per_rollout
+        shards = [step_shard(data, s, steps, dp_rank, dp_size, args.loss_agg_mode) for s in range(steps)]
+        if args.loss_type == "policy_loss":
+            self.trainer.add_policy_inputs(shards)
+        return [self.trainer.train_step(shard) for shard in shards]
 
     def hf_state_dict(self) -> dict | None:
         return self.trainer.hf_state_dict()

@@ -13,7 +13,8 @@ from collections.abc import Callable
 import torch
 
 from slime.algorithms.aggregation import weighted_token_sum
-from slime.algorithms.losses import sft_loss
+from slime.algorithms.kl import kl_estimate
+from slime.algorithms.losses import ppo_clip_loss, sft_loss
 from slime.backends.megatron.batching import MicroBatch
 
 LossFn = Callable[[MicroBatch, list[torch.Tensor], list[torch.Tensor] | None], tuple[torch.Tensor, dict]]
@@ -29,13 +30,53 @@ def sft_loss_fn(batch: MicroBatch, log_probs: list[torch.Tensor], entropy: list[
     return sft_loss(log_probs, masks, weights), metrics
 
 
-_LOSSES: dict[str, LossFn] = {"sft_loss": sft_loss_fn}
+def make_policy_loss_fn(args: argparse.Namespace) -> LossFn:
+    """PPO-clip policy loss with optional KL-to-reference and entropy terms (GRPO when advantages are
+    group-normalised rewards). Needs per-sample ``advantages`` and ``old_log_probs``; ``ref_log_probs``
+    with ``--use-kl-loss``; ``rollout_log_probs`` (the engine's) feed the mismatch metric."""
+
+    def policy_loss_fn(batch: MicroBatch, log_probs: list[torch.Tensor], entropy: list[torch.Tensor] | None):
+        device = log_probs[0].device
+        masks = batch.per_sample("loss_masks", device)
+        weights = batch.samples["loss_weights"]
+        advantages = batch.per_sample("advantages", device)
+        old = batch.per_sample("old_log_probs", device)
+        parts = [
+            ppo_clip_loss(lp, o, a, args.eps_clip, args.eps_clip_high)
+            for lp, o, a in zip(log_probs, old, advantages, strict=True)
+        ]
+        pg_loss = weighted_token_sum([p[0] for p in parts], masks, weights)
+        metrics = {
+            "pg_loss": pg_loss.detach(),
+            "pg_clipfrac": weighted_token_sum([p[1] for p in parts], masks, weights),
+            "ppo_kl": weighted_token_sum([p[2] for p in parts], masks, weights),
+        }
+        loss = pg_loss
+        if entropy is not None:
+            entropy_mean = weighted_token_sum(entropy, masks, weights)
+            metrics["entropy"] = entropy_mean.detach()
+            if args.entropy_coef:
+                loss = loss - args.entropy_coef * entropy_mean
+        if args.use_kl_loss:
+            ref = batch.per_sample("ref_log_probs", device)
+            kl = [kl_estimate(lp, r, args.kl_loss_type) for lp, r in zip(log_probs, ref, strict=True)]
+            kl_loss = weighted_token_sum(kl, masks, weights)
+            metrics["kl_loss"] = kl_loss.detach()
+            loss = loss + args.kl_loss_coef * kl_loss
+        if "rollout_log_probs" in batch.samples:
+            rollout = batch.per_sample("rollout_log_probs", device)
+            diffs = [(lp.detach() - r).abs() for lp, r in zip(log_probs, rollout, strict=True)]
+            metrics["train_rollout_logprob_abs_diff"] = weighted_token_sum(diffs, masks, weights)
+        return loss, metrics
+
+    return policy_loss_fn
 
 
 def build_loss_fn(args: argparse.Namespace) -> LossFn:
+    losses = {"sft_loss": sft_loss_fn, "policy_loss": make_policy_loss_fn(args)}
     try:
-        return _LOSSES[args.loss_type]
+        return losses[args.loss_type]
     except KeyError:
         raise ValueError(
-            f"--loss-type {args.loss_type!r} is not available; choose one of {sorted(_LOSSES)}"
+            f"--loss-type {args.loss_type!r} is not available; choose one of {sorted(losses)}"
         ) from None

@@ -85,6 +85,8 @@ class MegatronTrainer:
         self.optimizer, self.scheduler = build_optimizer(args, self.model, total_steps)
         self.loss_fn: LossFn = build_loss_fn(args)
         self.step = 0
+        # The frozen reference policy for --use-kl-loss: the initial weights, kept off the model.
+        self.ref_weights = self._snapshot() if args.use_kl_loss else None
 
     # ---- forward helpers -------------------------------------------------------------------------
 
@@ -142,6 +144,37 @@ class MegatronTrainer:
         if not mpu.is_pipeline_last_stage():
             return None
         return [lp for item in stored for lp in item["log_probs"]]
+
+    def _snapshot(self) -> list[torch.Tensor]:
+        return [p.detach().to("cpu", copy=True) for chunk in self.model for p in chunk.parameters()]
+
+    @torch.no_grad()
+    def _load_snapshot(self, weights: list[torch.Tensor]) -> None:
+        params = [p for chunk in self.model for p in chunk.parameters()]
+        for param, value in zip(params, weights, strict=True):
+            param.copy_(value)
+
+    def add_policy_inputs(self, shards: list[TrainData]) -> None:
+        """Adds ``old_log_probs`` (and ``ref_log_probs``) to every step's shard of a rollout.
+
+        All are computed before the first optimizer step of the rollout, so step 0 is exactly
+        on-policy (ratio 1) and later steps see the rollout policy as "old".
+        """
+        for shard in shards:
+            old = self.compute_log_probs(shard)
+            if old is not None:
+                shard["old_log_probs"] = old
+        if self.ref_weights is None:
+            return
+        current = self._snapshot()
+        self._load_snapshot(self.ref_weights)
+        try:
+            for shard in shards:
+                ref = self.compute_log_probs(shard)
+                if ref is not None:
+                    shard["ref_log_probs"] = ref
+        finally:
+            self._load_snapshot(current)
 
     def train_step(self, data: TrainData) -> dict[str, float]:
         """One optimizer step on this rank's share of a global batch; returns global metrics."""

@@ -1,0 +1,95 @@
+"""``Sample``: the one record that crosses from rollout to training.
+
+The data source creates it (prompt, label, metadata), the generate function fills the response side
+(tokens, loss mask, log-probs, status), the reward function sets ``reward``, and the trainer reads the
+token-level fields. Keeping every stage on one small typed record is what lets users swap any stage
+(generate, reward, filter) by dotted path without a translation layer in between.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+@dataclass
+class Sample:
+    """One prompt and (once generated) one response, with everything training needs from it."""
+
+    class Status(str, Enum):
+        """Where the sample is in its life; decides whether it is trained on, retried or dropped."""
+
+        PENDING = "pending"  # created by the data source, not generated yet
+        COMPLETED = "completed"  # the engine stopped on EOS or a stop string
+        TRUNCATED = "truncated"  # the engine hit max_new_tokens: trainable, but the answer may be cut
+        ABORTED = "aborted"  # generation was interrupted (weight update, over-sampling): can be resumed
+        FAILED = "failed"  # generation or reward raised; ``metadata["error"]`` says why
+
+    group_index: int | None = None
+    """Which prompt group this belongs to: group-relative advantages (GRPO) normalise within it."""
+    index: int | None = None
+    """Unique, increasing id of this sample over the whole run: names it in logs and debug dumps."""
+    prompt: str | list[dict[str, Any]] = ""
+    """The prompt as given to generation: rendered text, or chat messages for a custom generate fn."""
+    tokens: list[int] = field(default_factory=list)
+    """Prompt ids followed by response ids: exactly the sequence the trainer recomputes log-probs on."""
+    response: str = ""
+    """Decoded response text: what reward functions read."""
+    response_length: int = 0
+    """Number of response tokens at the end of ``tokens``; the rest is prompt."""
+    label: str | None = None
+    """Reference answer for the reward function (``--label-key``)."""
+    reward: float | dict[str, Any] | None = None
+    """What the reward function returned; a dict is read through ``--reward-key`` (``reward_value``)."""
+    loss_mask: list[int] | None = None
+    """One 0/1 per response token: 0 for tokens the policy did not produce (tool output, multi-turn)."""
+    rollout_log_probs: list[float] | None = None
+    """Engine log-probs of the response tokens: for off-policy correction and the logprob-diff check."""
+    status: Sample.Status = Status.PENDING
+    """Outcome of generation and scoring; see ``Sample.Status``."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """Per-sample data from ``--metadata-key`` plus notes stages leave for later ones (e.g. errors)."""
+    weight_versions: list[str] = field(default_factory=list)
+    """Engine weight version of each generation turn: shows how off-policy a sample is."""
+
+    @property
+    def prompt_length(self) -> int:
+        """Number of prompt tokens at the start of ``tokens`` (derived, so it can never disagree)."""
+        return len(self.tokens) - self.response_length
+
+    def reward_value(self, reward_key: str | None = None) -> float:
+        """The scalar reward: ``reward`` itself, or ``reward[reward_key]`` when the function returned a dict.
+
+        Raises ``ValueError`` when there is no reward or a dict cannot be read without a key.
+        """
+        if self.reward is None:
+            raise ValueError(f"sample {self.index} has no reward yet")
+        if isinstance(self.reward, dict):
+            if reward_key is None:
+                raise ValueError(
+                    f"reward of sample {self.index} is a dict with keys {sorted(self.reward)}; "
+                    "pass --reward-key to pick one"
+                )
+            if reward_key not in self.reward:
+                raise ValueError(
+                    f"--reward-key {reward_key!r} not in the reward of sample {self.index}; "
+                    f"keys present: {', '.join(sorted(self.reward))}"
+                )
+            return float(self.reward[reward_key])
+        return float(self.reward)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of every field (status as its string value), for debug dumps."""
+        data = dataclasses.asdict(self)
+        data["status"] = self.status.value
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Sample:
+        """Inverse of ``to_dict``; unknown keys raise ``TypeError`` so a stale dump fails loudly."""
+        data = dict(data)
+        if "status" in data:
+            data["status"] = cls.Status(data["status"])
+        return cls(**data)

@@ -1,0 +1,150 @@
+"""Reward dispatch: the registry of built-in reward functions, custom ones by dotted path, and
+``score_groups``, which scores a whole rollout concurrently.
+
+Which function scores a sample, first match wins:
+
+1. ``--custom-rm-path module.fn``: ``fn(args, sample) -> float | dict`` (async or sync); with
+   ``--group-rm``, ``fn(args, samples) -> list[float | dict]`` once per prompt group, for rewards that
+   compare the responses to one prompt (ranking, pairwise judges).
+2. ``sample.metadata["rm_type"]``: lets one dataset mix tasks (maths next to QA).
+3. ``--rm-type``: a name in ``BUILTIN_REWARDS``.
+
+A function may return a dict of several scores; ``--reward-key`` names the one that trains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import importlib
+import inspect
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from slime.rollout.rewards.errors import RewardError
+from slime.rollout.rewards.math_answer import math_score
+from slime.rollout.rewards.remote import remote_reward
+from slime.rollout.rewards.text import exact_score, f1_score
+from slime.rollout.sample import Sample
+
+logger = logging.getLogger(__name__)
+
+RewardValue = float | dict[str, Any]
+# Async or sync: reward functions that only compare strings need not be coroutines.
+RewardFn = Callable[[argparse.Namespace, Sample], Awaitable[RewardValue] | RewardValue]
+GroupRewardFn = Callable[[argparse.Namespace, list[Sample]], Awaitable[list[RewardValue]] | list[RewardValue]]
+
+
+def _label(sample: Sample) -> str:
+    if sample.label is None:
+        raise RewardError(f"sample {sample.index} has no label; pass --label-key naming the answer field")
+    return str(sample.label)
+
+
+# The built-in reward functions by --rm-type name: adding one is adding one line.
+BUILTIN_REWARDS: dict[str, RewardFn] = {
+    "math": lambda args, sample: math_score(sample.response, _label(sample)),
+    "exact": lambda args, sample: exact_score(sample.response, _label(sample)),
+    "f1": lambda args, sample: f1_score(sample.response, _label(sample)),
+    "remote": remote_reward,
+}
+
+
+@functools.cache
+def load_function(path: str) -> Callable[..., Any]:
+    """Import ``module.attr`` (cached: a rollout calls this once per sample)."""
+    module_name, _, attr = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise RewardError(f"--custom-rm-path {path!r} cannot be loaded ({type(e).__name__}: {e})") from e
+
+
+def resolve_reward_fn(args: argparse.Namespace, sample: Sample) -> RewardFn:
+    """The per-sample reward function for ``sample`` (see the module docstring for the order)."""
+    if args.custom_rm_path is not None:
+        return load_function(args.custom_rm_path)
+    rm_type = sample.metadata.get("rm_type") or args.rm_type
+    if rm_type is None:
+        raise RewardError(
+            f"no reward function; pass --rm-type ({', '.join(BUILTIN_REWARDS)}) or --custom-rm-path"
+        )
+    if rm_type not in BUILTIN_REWARDS:
+        raise RewardError(f"unknown --rm-type {rm_type!r}; choose one of {', '.join(BUILTIN_REWARDS)}")
+    return BUILTIN_REWARDS[rm_type]
+
+
+async def _call(fn: Callable[..., Any], *fn_args: Any) -> Any:
+    result = fn(*fn_args)
+    return await result if inspect.isawaitable(result) else result
+
+
+async def compute_reward(args: argparse.Namespace, sample: Sample) -> RewardValue:
+    """The reward of one sample, as its reward function returned it (a number or a dict of numbers)."""
+    return await _call(resolve_reward_fn(args, sample), args, sample)
+
+
+def _checked(value: Any, reward_key: str | None, sample: Sample) -> RewardValue:
+    """``value`` as a reward to store; raises unless it yields one finite number (via --reward-key)."""
+    if isinstance(value, dict):
+        number = Sample(index=sample.index, reward=value).reward_value(reward_key)
+    elif isinstance(value, (int, float)):
+        number = value = float(value)
+    else:
+        raise RewardError(f"reward function returned {type(value).__name__}; expected a number or a dict")
+    if not math.isfinite(number):
+        raise RewardError(f"reward function returned {number} for sample {sample.index}")
+    return value
+
+
+def _fail(samples: list[Sample], error: Exception) -> None:
+    message = f"{type(error).__name__}: {error}"
+    for sample in samples:
+        sample.status = Sample.Status.FAILED
+        sample.reward = 0.0
+        sample.metadata["reward_error"] = message
+    which = f"sample {samples[0].index}" if len(samples) == 1 else f"samples {[s.index for s in samples]}"
+    logger.warning("reward of %s failed, scored 0.0: %s", which, message)
+
+
+async def _score_sample(args: argparse.Namespace, sample: Sample, fn: RewardFn) -> None:
+    try:
+        sample.reward = _checked(await _call(fn, args, sample), args.reward_key, sample)
+    except Exception as e:
+        _fail([sample], e)
+
+
+async def _score_group(args: argparse.Namespace, group: list[Sample], fn: GroupRewardFn) -> None:
+    try:
+        rewards = await _call(fn, args, group)
+        if not isinstance(rewards, (list, tuple)) or len(rewards) != len(group):
+            got = f"{len(rewards)} rewards" if isinstance(rewards, (list, tuple)) else type(rewards).__name__
+            raise RewardError(f"group reward function returned {got} for a group of {len(group)}")
+        checked = [_checked(r, args.reward_key, s) for r, s in zip(rewards, group, strict=True)]
+    except Exception as e:
+        _fail(group, e)
+        return
+    for sample, reward in zip(group, checked, strict=True):
+        sample.reward = reward
+
+
+async def score_groups(args: argparse.Namespace, groups: list[list[Sample]]) -> None:
+    """Score every sample of ``groups`` concurrently, setting ``sample.reward`` in place.
+
+    A reward function that raises (or returns no usable number) fails only its own sample (its whole
+    group with ``--group-rm``): status FAILED, reward 0.0 so that batch shapes stay intact,
+    ``metadata["reward_error"]`` says why, and one warning names the sample index. The rollout decides
+    whether to drop FAILED samples. A configuration problem (no or unknown --rm-type, an unloadable
+    --custom-rm-path) raises ``RewardError`` before anything is scored.
+    """
+    if args.group_rm:
+        if args.custom_rm_path is None:
+            raise RewardError("--group-rm needs --custom-rm-path (a function scoring a whole group)")
+        group_fn = load_function(args.custom_rm_path)
+        tasks = [_score_group(args, group, group_fn) for group in groups if group]
+    else:
+        tasks = [_score_sample(args, s, resolve_reward_fn(args, s)) for group in groups for s in group]
+    await asyncio.gather(*tasks)

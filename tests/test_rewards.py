@@ -1,0 +1,270 @@
+"""Reward functions: math answers checked by hand, text matches, custom / group / remote rm, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import socket
+import sys
+import textwrap
+from argparse import Namespace
+
+import pytest
+
+from slime.rollout.rewards import (
+    RewardError,
+    compute_reward,
+    extract_answer,
+    f1_score,
+    math_score,
+    normalize_answer,
+    score_groups,
+)
+from slime.rollout.sample import Sample
+
+
+def rm_args(**overrides) -> Namespace:
+    args = {"rm_type": None, "custom_rm_path": None, "group_rm": False, "rm_url": None, "reward_key": None}
+    return Namespace(**{**args, **overrides})
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+@pytest.mark.parametrize(
+    ("response", "answer"),
+    [
+        (r"so the result is \boxed{\frac{a}{\sqrt{b}}} indeed", r"\frac{a}{\sqrt{b}}"),
+        (r"\boxed{1} at first, finally \boxed{{2}+\{3\}}.", r"{2}+\{3\}"),
+        ("The answer is 42.", "42."),
+        ("Answer: -7\nDone", "-7"),
+        ("we add 3 and 4 to get 7 apples", "7"),
+        (r"<think>maybe \boxed{1}</think> it is 2", "2"),
+        ("no digits here", None),
+    ],
+)
+def test_extract_answer(response, answer):
+    assert extract_answer(response) == answer
+
+
+@pytest.mark.parametrize(
+    ("response", "label"),
+    [
+        (r"Thus $\boxed{\dfrac{1}{2}}$.", "0.5"),
+        (r"\boxed{\frac{\frac{1}{2}}{3}}", "1/6"),
+        (r"\boxed{\frac{\sqrt{3}}{2}}", r"\frac{\sqrt3}{2}"),
+        ("The answer is 42.", "42"),
+        ("The answer is 42 apples.", "42"),
+        (r"\boxed{-3}", "-3"),
+        ("it drops by \u22125 degrees", "-5"),
+        (r"\boxed{50\%}", "50"),
+        ("Answer: 12%", r"12\%"),
+        (r"\boxed{1,000,000}", "1000000"),
+        (r"\boxed{x = 3.0}", "3"),
+        ("The answer is 1.5e3", "1500"),
+        (r"\boxed{\text{(B)}}", "(b)"),
+        (r"\boxed{\left( 1, 2 \right)}", "(1,2)"),
+        ("so 6 in total", "#### 6"),
+        ("we get 2.50", r"\boxed{\frac{5}{2}}"),
+    ],
+)
+def test_math_answers_that_match(response, label):
+    assert math_score(response, label) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("response", "label"),
+    [
+        (r"\boxed{2\sqrt{3}}", "3"),  # the last number of a LaTeX answer is not the answer
+        ("The answer is 41.", "42"),
+        (r"\boxed{-3}", "3"),
+        (r"\boxed{1/0}", "1"),
+        ("1e999999999", "1"),  # too large to build: not a number, and not a hang
+        ("nothing", "1"),
+        (r"\boxed{0.33}", "1/3"),
+    ],
+)
+def test_math_answers_that_do_not_match(response, label):
+    assert math_score(response, label) == 0.0
+
+
+def test_normalize_answer_canonical_forms():
+    assert normalize_answer(r" $\frac{3}{4}$ ") == "3/4"
+    assert normalize_answer(r"\tfrac12") == "1/2"
+    assert normalize_answer(r"90^\circ") == "90"
+    assert normalize_answer("5.000") == "5"
+    assert normalize_answer(r"\text{\textbf{Yes}}") == "yes"
+
+
+def test_exact_and_f1_follow_squad():
+    args = rm_args(rm_type="exact")
+    assert run(compute_reward(args, Sample(response=" Paris \n", label="Paris"))) == 1.0
+    assert run(compute_reward(args, Sample(response="paris", label="Paris"))) == 0.0
+    assert f1_score("The Eiffel tower!", "eiffel tower") == 1.0
+    assert f1_score("the big red dog", "a red cat") == pytest.approx(2 * (1 / 3) * (1 / 2) / (1 / 3 + 1 / 2))
+    assert f1_score("", "") == 1.0 and f1_score("the", "cat") == 0.0
+
+
+def test_metadata_rm_type_overrides_the_flag_and_errors_are_clear():
+    sample = Sample(response=r"\boxed{4}", label="4", metadata={"rm_type": "math"})
+    assert run(compute_reward(rm_args(rm_type="exact"), sample)) == 1.0
+    with pytest.raises(RewardError, match="unknown --rm-type 'maths'; choose one of math, exact, f1, remote"):
+        run(compute_reward(rm_args(rm_type="maths"), Sample()))
+    with pytest.raises(RewardError, match="no reward function; pass --rm-type"):
+        run(score_groups(rm_args(), [[Sample()]]))
+
+
+@pytest.fixture
+def plugin(tmp_path, monkeypatch):
+    """A user module on sys.path with sync, async, dict, group and failing reward functions."""
+    (tmp_path / "my_rewards.py").write_text(
+        textwrap.dedent(
+            """
+            async def length(args, sample):
+                if sample.response == "boom":
+                    raise RuntimeError("judge crashed")
+                return len(sample.response)
+
+            def several(args, sample):
+                return {"acc": 1.0, "len": len(sample.response)}
+
+            async def rank(args, samples):
+                order = sorted(range(len(samples)), key=lambda i: len(samples[i].response))
+                return [float(order.index(i)) for i in range(len(samples))]
+
+            def short(args, samples):
+                return [1.0]
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "my_rewards"
+    sys.modules.pop("my_rewards", None)
+
+
+def groups_of(*responses_per_group: list[str]) -> list[list[Sample]]:
+    index = iter(range(100))
+    return [
+        [Sample(group_index=g, index=next(index), response=r, label="1") for r in responses]
+        for g, responses in enumerate(responses_per_group)
+    ]
+
+
+def test_custom_rm_sync_async_and_dict_with_reward_key(plugin):
+    groups = groups_of(["a", "abc"], ["ab"])
+    run(score_groups(rm_args(custom_rm_path=f"{plugin}.length"), groups))
+    assert [s.reward for g in groups for s in g] == [1.0, 3.0, 2.0]
+    groups = groups_of(["abcd"])
+    run(score_groups(rm_args(custom_rm_path=f"{plugin}.several", reward_key="len"), groups))
+    assert groups[0][0].reward == {"acc": 1.0, "len": 4} and groups[0][0].reward_value("len") == 4.0
+
+
+def test_a_failing_reward_marks_only_its_sample_failed(plugin, caplog):
+    groups = groups_of(["a", "boom"], ["abc"])
+    with caplog.at_level(logging.WARNING):
+        run(score_groups(rm_args(custom_rm_path=f"{plugin}.length"), groups))
+    failed = groups[0][1]
+    assert failed.status is Sample.Status.FAILED and failed.reward == 0.0
+    assert failed.metadata["reward_error"] == "RuntimeError: judge crashed"
+    assert [groups[0][0].reward, groups[1][0].reward] == [1.0, 3.0]
+    assert groups[0][0].status is Sample.Status.PENDING
+    assert [r.getMessage() for r in caplog.records] == [
+        "reward of sample 1 failed, scored 0.0: RuntimeError: judge crashed"
+    ]
+
+
+def test_a_dict_reward_without_reward_key_fails_the_sample(plugin):
+    groups = groups_of(["a"])
+    run(score_groups(rm_args(custom_rm_path=f"{plugin}.several"), groups))
+    assert groups[0][0].status is Sample.Status.FAILED
+    assert "pass --reward-key" in groups[0][0].metadata["reward_error"]
+
+
+def test_group_rm_scores_each_group_once_and_fails_a_group_on_a_wrong_count(plugin):
+    groups = groups_of(["ccc", "a", "bb"], ["xx", "y"])
+    run(score_groups(rm_args(custom_rm_path=f"{plugin}.rank", group_rm=True), groups))
+    assert [[s.reward for s in g] for g in groups] == [[2.0, 0.0, 1.0], [1.0, 0.0]]
+    groups = groups_of(["a", "b"], ["c"])
+    run(score_groups(rm_args(custom_rm_path=f"{plugin}.short", group_rm=True), groups))
+    assert [s.status for s in groups[0]] == [Sample.Status.FAILED] * 2
+    assert "returned 1 rewards for a group of 2" in groups[0][0].metadata["reward_error"]
+    assert groups[1][0].reward == 1.0 and groups[1][0].status is Sample.Status.PENDING
+
+
+def test_unloadable_custom_rm_is_a_configuration_error():
+    with pytest.raises(RewardError, match=r"--custom-rm-path 'no_such_module\.fn' cannot be loaded"):
+        run(score_groups(rm_args(custom_rm_path="no_such_module.fn"), groups_of(["a"])))
+
+
+async def _with_server(handler, body):
+    """Start an aiohttp reward server on 127.0.0.1 (free port), run ``body(url)``, stop the server."""
+    from aiohttp import web
+
+    app = web.Application()
+    app.router.add_post("/reward", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        return await body(f"http://127.0.0.1:{port}/reward")
+    finally:
+        await runner.cleanup()
+
+
+def test_remote_rm_posts_the_sample_and_reads_both_reply_shapes():
+    from aiohttp import web
+
+    seen = []
+
+    async def handler(request):
+        payload = await request.json()
+        seen.append(payload)
+        if payload["response"] == "bad":
+            return web.Response(status=500, text="model exploded")
+        score = float(payload["response"] == payload["label"])
+        return web.json_response(score if payload["metadata"].get("plain") else {"reward": score})
+
+    async def body(url):
+        groups = [
+            [
+                Sample(index=0, prompt="p", response="4", label="4", metadata={"plain": True}),
+                Sample(index=1, prompt="p", response="5", label="4"),
+                Sample(index=2, prompt="p", response="bad", label="4"),
+            ]
+        ]
+        await score_groups(rm_args(rm_type="remote", rm_url=url), groups)
+        return groups[0]
+
+    samples = run(_with_server(handler, body))
+    assert seen[0] == {"prompt": "p", "response": "4", "label": "4", "metadata": {"plain": True}}
+    assert [s.reward for s in samples] == [1.0, 0.0, 0.0]
+    assert samples[2].status is Sample.Status.FAILED
+    assert "answered HTTP 500: model exploded" in samples[2].metadata["reward_error"]
+
+
+def test_remote_rm_timeout_and_refused_connection_are_clear_errors():
+    from aiohttp import web
+
+    from slime.rollout.rewards import post_reward
+
+    release = asyncio.Event()
+
+    async def slow(request):
+        await release.wait()
+        return web.json_response(1.0)
+
+    async def body(url):
+        with pytest.raises(RewardError, match=rf"reward model {re.escape(url)} did not answer within 0\.2 s"):
+            await post_reward(url, {}, timeout=0.2)
+        release.set()  # let the server shut down without waiting for the handler
+
+    run(_with_server(slow, body))
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/reward"
+    with pytest.raises(RewardError, match=f"cannot reach reward model {re.escape(url)}"):
+        run(post_reward(url, {}, timeout=2))

@@ -33,6 +33,7 @@ class TrainerActor:
     def __init__(self, args: argparse.Namespace, rank: int, world_size: int) -> None:
         self.args, self.rank, self.world_size = args, rank, world_size
         self.trainer = None
+        self.updater = None
 
     def rendezvous_address(self) -> tuple[str, int]:
         return ray.util.get_node_ip_address(), _free_port()
@@ -85,10 +86,21 @@ class TrainerActor:
     def hf_state_dict(self) -> dict | None:
         return self.trainer.hf_state_dict()
 
+    def connect_engines(self, engine_urls: list[str], ranks_per_engine: int) -> None:
+        from slime.weight_sync.distributed import DistributedWeightUpdater
+
+        self.updater = DistributedWeightUpdater(self.args, self.trainer)
+        self.updater.connect(engine_urls, ranks_per_engine)
+
+    def update_weights(self, weight_version: str) -> dict[str, float]:
+        return self.updater.update(weight_version)
+
     def save(self, directory: str, rollout_id: int) -> str:
         return self.trainer.save(directory, rollout_id)
 
     def close(self) -> None:
+        if self.updater is not None:
+            self.updater.disconnect()
         if self.trainer is not None:
             self.trainer.close()
 
@@ -133,6 +145,15 @@ class TrainerGroup:
 
     def save(self, rollout_id: int) -> str:
         return self._call("save", self.args.save, rollout_id)[0]
+
+    def connect_engines(self, engine_urls: list[str], ranks_per_engine: int) -> None:
+        """Opens the weight-update groups between the trainer and every engine."""
+        self._call("connect_engines", engine_urls, ranks_per_engine)
+
+    def update_weights(self, weight_version: str) -> dict[str, float]:
+        """Pushes the current weights to every engine; returns the sending rank's timing."""
+        results = self._call("update_weights", weight_version)
+        return next((r for r in results if r), {})
 
     def shutdown(self) -> None:
         """Closes the process groups and kills the actors; safe to call twice."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import warnings
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -31,6 +32,8 @@ from slime.backends.megatron.model import build_model_chunks, build_optimizer, w
 from slime.utils.device import distributed_backend, setup_device
 
 logger = logging.getLogger(__name__)
+# megatron-core still calls the old names of these collectives; the warning is not actionable here.
+warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
 
 
 def converter_for(args: argparse.Namespace) -> ModelConverter:

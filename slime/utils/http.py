@@ -1,0 +1,221 @@
+"""HTTP servers this process starts, and the small JSON client that talks to them.
+
+Engines and the router are separate server processes that slime starts and must never leave behind:
+``ServerProcess`` is the one place that knows how to start such a process (own process group, log
+file, killed with its parent), wait until it answers, tell why it did not (the tail of its log), and
+stop it. The JSON helpers are synchronous (standard library, for control calls from actors); the
+rollout's hot path uses one shared ``aiohttp`` session per rollout (``post_json``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+LOG_TAIL_LINES = 20
+
+
+class HttpError(RuntimeError):
+    """A non-2xx answer; ``status`` is the HTTP status, the message holds the server's own words."""
+
+    def __init__(self, method: str, url: str, status: int, body: str) -> None:
+        super().__init__(f"{method} {url} answered HTTP {status}: {body.strip()[:2000]}")
+        self.status = status
+
+
+class ServerStartError(RuntimeError):
+    """A server process that exited or never answered; the message ends with the tail of its log."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (the server binds it a moment later)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def request_json(method: str, url: str, payload: Any = None, timeout: float = 30.0) -> Any:
+    """One JSON call; returns the decoded answer (the raw text when it is not JSON, None when empty).
+
+    Raises ``HttpError`` for a non-2xx answer and ``OSError`` (``URLError``) when nothing answers.
+    """
+    data = None if payload is None else json.dumps(payload).encode()
+    headers = {"Content-Type": "application/json"} if data is not None else {}
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as response:
+            body = response.read().decode()
+    except urllib.error.HTTPError as exc:
+        raise HttpError(method, url, exc.code, exc.read().decode(errors="replace")) from None
+    if not body:
+        return None
+    try:
+        return json.loads(body)
+    except json.JSONDecodeError:
+        return body
+
+
+def get_json(url: str, timeout: float = 30.0) -> Any:
+    return request_json("GET", url, timeout=timeout)
+
+
+def post_json_sync(url: str, payload: Any = None, timeout: float = 30.0) -> Any:
+    return request_json("POST", url, {} if payload is None else payload, timeout=timeout)
+
+
+def is_ok(url: str, timeout: float = 5.0) -> bool:
+    """True when ``GET url`` answers 2xx; any error (refused, timeout, 5xx) is False."""
+    try:
+        request_json("GET", url, timeout=timeout)
+    except (OSError, HttpError, TimeoutError):
+        return False
+    return True
+
+
+async def post_json(session: aiohttp.ClientSession, url: str, payload: dict[str, Any]) -> Any:
+    """POST on the shared session; raises ``HttpError`` with the server's message on a non-2xx answer."""
+    async with session.post(url, json=payload) as response:
+        if response.status >= 300:
+            raise HttpError("POST", url, response.status, await response.text())
+        return await response.json(content_type=None)
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: SIGKILL it when the process that started it dies.
+
+    Ray kills actors with SIGKILL, which runs no atexit hook and no signal handler; this is what
+    keeps an engine or router from outliving its actor then. Linux ties the signal to the *thread*
+    that started the child, so servers are started from long-lived threads (an actor's own).
+    """
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+class ServerProcess:
+    """One server subprocess: its own process group, output in a log file, stopped as a group.
+
+    ``start`` also registers the process for ``stop_all_servers`` (atexit and SIGTERM of this
+    process), so a normal exit or a polite kill leaves no orphan either.
+    """
+
+    def __init__(self, name: str, argv: list[str], log_path: str | os.PathLike[str], env: dict[str, str]):
+        self.name = name
+        self.argv = argv
+        self.log_path = Path(log_path)
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            log.write(f"$ {' '.join(self.argv)}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,  # its own process group: stop() reaches its children too
+                preexec_fn=_die_with_parent,
+            )
+        _register(self)
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        try:
+            with open(self.log_path, errors="replace") as log:
+                return "".join(deque(log, maxlen=lines)).rstrip()
+        except OSError:
+            return "(no log)"
+
+    def fail(self, what: str) -> ServerStartError:
+        """An error naming the server, what went wrong, its log file and the last lines of that log."""
+        return ServerStartError(f"{self.name} {what}; log {self.log_path}, last lines:\n{self.log_tail()}")
+
+    def wait_ready(self, probe: Callable[[], bool], timeout_s: float, interval_s: float = 0.25) -> None:
+        """Polls ``probe`` until it is True; raises (and stops the server) on exit or timeout."""
+        assert self.proc is not None, "start() first"
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.proc.poll() is not None:
+                self.stop()
+                raise self.fail(f"exited with status {self.proc.returncode} before it was ready")
+            if probe():
+                return
+            if time.monotonic() >= deadline:
+                self.stop()
+                raise self.fail(f"was not ready within {timeout_s:.0f} s")
+            time.sleep(interval_s)
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        """SIGTERM to the whole group, SIGKILL after ``grace_s``; safe to call twice."""
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(grace_s)
+        # Children of the server may outlive it; the group id is the server's pid.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(5)
+        _RUNNING.pop(id(self), None)
+
+
+_RUNNING: dict[int, ServerProcess] = {}
+_hooks_installed = False
+
+
+def stop_all_servers(grace_s: float = 5.0) -> None:
+    """Stops every server this process started and has not stopped yet."""
+    for server in list(_RUNNING.values()):
+        with contextlib.suppress(Exception):
+            server.stop(grace_s)
+
+
+def _register(server: ServerProcess) -> None:
+    global _hooks_installed
+    _RUNNING[id(server)] = server
+    if _hooks_installed:
+        return
+    _hooks_installed = True
+    import atexit
+
+    atexit.register(stop_all_servers)
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        stop_all_servers()
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    # Signal handlers can only be set from the main thread; elsewhere atexit and the parent-death
+    # signal still apply.
+    with contextlib.suppress(ValueError):
+        signal.signal(signal.SIGTERM, on_sigterm)

@@ -1,0 +1,224 @@
+"""The rollout side as one Ray actor: engines, the router in front of them, the prompts, the rollout function.
+
+Each responsibility is its own small object and ``RolloutManager`` only wires them:
+
+- ``EnginePool`` (``slime.ray.engines``): engine actors on the placement group's bundles;
+- ``Router`` (``slime.rollout.router``): the sglang-router process the rollout talks to;
+- ``PromptDataSource`` (``slime.rollout.data_source``): which prompts come next, resumable;
+- ``RolloutFunction``: the ``--rollout-function-path`` plugin, called once per rollout.
+
+What leaves the actor is train data: a dict of per-sample lists (``samples_to_train_data``, a pure
+function) plus the rollout's metrics under ``"metrics"``, which the driver pops before training.
+
+The actor is threaded (``max_concurrency``) so that ``pause``/``resume`` reach the engines while a
+``generate`` call is running, as a weight update in the middle of a rollout needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import ray
+from ray.util.placement_group import PlacementGroup
+
+from slime.ray.engines import DEFAULT_START_TIMEOUT_S, EnginePool
+from slime.rollout.data_source import PromptDataSource
+from slime.rollout.router import Router
+from slime.rollout.sample import Sample
+
+logger = logging.getLogger(__name__)
+
+METRICS_KEY = "metrics"
+
+RolloutFn = Callable[[argparse.Namespace, int, PromptDataSource, str], list[list[Sample]]]
+
+
+def run_log_dir() -> str:
+    """A fresh directory for the engine and router logs of this run."""
+    root = Path(tempfile.gettempdir()) / "slime_logs"
+    root.mkdir(parents=True, exist_ok=True)
+    return tempfile.mkdtemp(prefix=time.strftime("%Y%m%d-%H%M%S-"), dir=root)
+
+
+def samples_to_train_data(groups: list[list[Sample]], reward_key: str | None = None) -> dict[str, list]:
+    """The trainer's per-sample lists from scored sample groups, in group order.
+
+    ``rewards`` is the scalar that trains (``--reward-key`` picks it from a dict); ``raw_rewards`` is
+    what the reward function returned (a number or a dict), kept for logging. A FAILED sample (its
+    reward could not be computed) keeps its place, so group shapes hold, but its loss mask is all
+    zeros: nothing is learned from a reward that does not exist.
+    """
+    samples = [sample for group in groups for sample in group]
+    data: dict[str, list] = {
+        key: []
+        for key in (
+            "tokens",
+            "response_lengths",
+            "loss_masks",
+            "rewards",
+            "raw_rewards",
+            "rollout_log_probs",
+            "sample_indices",
+        )
+    }
+    for sample in samples:
+        n = sample.response_length
+        mask = list(sample.loss_mask) if sample.loss_mask is not None else [1] * n
+        log_probs = sample.rollout_log_probs
+        if len(mask) != n or log_probs is None or len(log_probs) != n or len(sample.tokens) <= n:
+            raise ValueError(
+                f"sample {sample.index} is inconsistent: {len(sample.tokens)} tokens, response_length {n}, "
+                f"{len(mask)} loss-mask entries, "
+                f"{None if log_probs is None else len(log_probs)} rollout log-probs "
+                "(the generate function must fill all of them for the response)"
+            )
+        if sample.status == Sample.Status.FAILED:
+            mask = [0] * n
+        data["tokens"].append(list(sample.tokens))
+        data["response_lengths"].append(n)
+        data["loss_masks"].append(mask)
+        data["rewards"].append(sample.reward_value(reward_key))
+        data["raw_rewards"].append(sample.reward)
+        data["rollout_log_probs"].append(list(log_probs))
+        data["sample_indices"].append(sample.index)
+    return data
+
+
+def rollout_metrics(
+    groups: list[list[Sample]], seconds: float, reward_key: str | None = None
+) -> dict[str, float]:
+    """What a rollout log line shows: lengths, how responses ended, speed, mean reward."""
+    samples = [sample for group in groups for sample in group]
+    n = max(len(samples), 1)
+    tokens = sum(sample.response_length for sample in samples)
+
+    def ratio(status: Sample.Status) -> float:
+        return sum(sample.status == status for sample in samples) / n
+
+    return {
+        "rollout/num_samples": float(len(samples)),
+        "rollout/response_len/mean": tokens / n,
+        "rollout/truncated_ratio": ratio(Sample.Status.TRUNCATED),
+        "rollout/aborted_ratio": ratio(Sample.Status.ABORTED),
+        "rollout/failed_ratio": ratio(Sample.Status.FAILED),
+        "rollout/generation_s": seconds,
+        "rollout/tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+        "rollout/raw_reward/mean": sum(s.reward_value(reward_key) for s in samples) / n,
+    }
+
+
+class RolloutFunction:
+    """The ``--rollout-function-path`` plugin: ``fn(args, rollout_id, data_source, router_url)``."""
+
+    def __init__(self, path: str) -> None:
+        from slime.rollout.sglang_rollout import load_function
+
+        self.path = path
+        self.fn: RolloutFn = load_function(path)
+
+    def __call__(
+        self, args: argparse.Namespace, rollout_id: int, data_source: PromptDataSource, router_url: str
+    ) -> tuple[list[list[Sample]], float]:
+        """The rollout's sample groups and the seconds it took."""
+        start = time.perf_counter()
+        groups = self.fn(args, rollout_id, data_source, router_url)
+        return groups, time.perf_counter() - start
+
+
+@ray.remote(num_cpus=0, max_concurrency=4)
+class RolloutManager:
+    """Owns the engines, the router, the data source and the rollout function of a run."""
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        pg: PlacementGroup,
+        bundle_indices: list[int],
+        log_dir: str | None = None,
+    ) -> None:
+        self.args = args
+        self.log_dir = log_dir or run_log_dir()
+        self.engines = EnginePool(args, pg, bundle_indices, self.log_dir)
+        self.router = Router(self.log_dir)
+        self.data_source = PromptDataSource.from_args(args)
+        self.rollout_fn = RolloutFunction(args.rollout_function_path)
+
+    def start(self, timeout_s: float = DEFAULT_START_TIMEOUT_S) -> tuple[list[str], str]:
+        """Starts the router and the engines and registers every engine; ``(engine URLs, router URL)``.
+
+        On any failure everything already started is stopped before the error is raised.
+        """
+        logger.info("rollout logs in %s", self.log_dir)
+        try:
+            router_url = self.router.start()
+            urls = self.engines.start(timeout_s)
+            for url in urls:
+                self.router.add_worker(url)
+        except BaseException:
+            self.shutdown()
+            raise
+        # slime's plugin convention: custom generate functions find the router through args.
+        parts = urlsplit(router_url)
+        self.args.sglang_router_ip, self.args.sglang_router_port = parts.hostname, parts.port
+        return urls, router_url
+
+    def generate(self, rollout_id: int) -> dict[str, Any]:
+        """One rollout as train data (per-sample lists) with its metrics under ``"metrics"``."""
+        groups, seconds = self.rollout_fn(self.args, rollout_id, self.data_source, self.router.url)
+        data: dict[str, Any] = samples_to_train_data(groups, self.args.reward_key)
+        data[METRICS_KEY] = rollout_metrics(groups, seconds, self.args.reward_key)
+        return data
+
+    def engine_urls(self) -> list[str]:
+        return list(self.engines.urls)
+
+    def router_url(self) -> str:
+        return self.router.url
+
+    def register_engine(self, url: str) -> None:
+        """(Re-)adds an engine to the router; it receives requests once this returns."""
+        self.router.add_worker(url)
+
+    def unregister_engine(self, url: str) -> None:
+        """Takes an engine out of the router; no new request reaches it once this returns."""
+        self.router.remove_worker(url)
+
+    def pids(self) -> dict[str, Any]:
+        """Process ids of the engine servers and the router (for checks that nothing is left behind)."""
+        return {"engines": self.engines.pids() if self.engines.actors else [], "router": self.router.pid}
+
+    def save(self, rollout_id: int, directory: str | None = None) -> str:
+        """Saves the data source position after ``rollout_id`` (default directory: ``--save``)."""
+        directory = directory or self.args.save
+        if directory is None:
+            raise ValueError("no directory to save the data source position to; pass --save")
+        return str(self.data_source.save(rollout_id, directory))
+
+    def load(self, rollout_id: int, directory: str | None = None) -> bool:
+        """Continues the data source from ``rollout_id``'s saved position (default: ``--load``)."""
+        directory = directory or self.args.load
+        return directory is not None and self.data_source.load(rollout_id, directory)
+
+    def pause(self, mode: str = "abort") -> None:
+        """Pauses generation on every engine (e.g. around a weight update)."""
+        self.engines.pause(mode)
+
+    def resume(self) -> None:
+        self.engines.resume()
+
+    def shutdown(self) -> None:
+        """Stops the engines and the router; safe to call twice."""
+        self.engines.shutdown()
+        self.router.shutdown()
+        logger.info("rollout stopped; logs in %s", self.log_dir)
+
+    def log_path(self) -> str:
+        return os.fspath(self.log_dir)

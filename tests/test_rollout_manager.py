@@ -1,0 +1,294 @@
+"""The rollout side end to end: a RolloutManager actor, two torch engines on bundles, a real sglang-router.
+
+Every request goes through the router over HTTP, as in production; which engine served what is read
+from each engine's own counters (``/get_server_info`` ``internal_states[0].finished_requests``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psutil
+import pytest
+import ray
+
+from slime.config import parse_args
+from slime.ray.cluster import create_placement_group, release_placement_group
+from slime.ray.rollout_manager import RolloutManager, samples_to_train_data
+from slime.rollout.sample import Sample
+from slime.rollout.sglang_rollout import apply_reply, generate_groups
+from slime.utils.http import ServerProcess, ServerStartError, get_json, post_json, post_json_sync
+
+pytestmark = pytest.mark.e2e
+
+ROLLOUT_BATCH_SIZE, N_SAMPLES, MAX_RESPONSE_LEN = 4, 2, 8
+
+
+@pytest.fixture(scope="module")
+def prompt_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("rollout_data") / "prompts.jsonl"
+    rows = [{"input": word, "label": word[::-1]} for word in ("abc", "hello", "slime", "ray", "xyz")]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def make_args(model: Path, prompts: Path, num_gpus: int, *extra: str):
+    return parse_args(
+        [
+            "--hf-checkpoint", str(model),
+            "--prompt-data", str(prompts),
+            "--label-key", "label",
+            "--rm-type", "exact",
+            "--rollout-batch-size", str(ROLLOUT_BATCH_SIZE),
+            "--n-samples-per-prompt", str(N_SAMPLES),
+            "--rollout-max-response-len", str(MAX_RESPONSE_LEN),
+            "--rollout-num-gpus", str(num_gpus),
+            "--rollout-backend", "torch",
+            "--num-rollout", "1",
+            "--debug-rollout-only",
+            "--log-level", "WARNING",
+            *extra,
+        ]
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def rollout(ray_cluster, tiny_models, prompt_file, tmp_path_factory):
+    """One manager with two engines behind the router, shared by the tests below (shut down last)."""
+    args = make_args(tiny_models["qwen2"], prompt_file, 2, "--sglang-max-running-requests", "16")
+    pg = create_placement_group(2)
+    log_dir = tmp_path_factory.mktemp("rollout_logs")
+    manager = RolloutManager.remote(args, pg, [0, 1], log_dir=str(log_dir))
+    try:
+        urls, router_url = ray.get(manager.start.remote(120))
+        yield manager, urls, router_url
+    finally:
+        ray.get(manager.shutdown.remote())
+        ray.kill(manager)
+        release_placement_group(pg)
+
+
+def finished(url: str) -> int:
+    return get_json(f"{url}/get_server_info")["internal_states"][0]["finished_requests"]
+
+
+def send(router_url: str, count: int, max_new_tokens: int = 2) -> list[dict]:
+    body = {"input_ids": [3, 4, 5], "sampling_params": {"max_new_tokens": max_new_tokens}}
+    with ThreadPoolExecutor(16) as pool:
+        return list(pool.map(lambda _: post_json_sync(f"{router_url}/generate", body), range(count)))
+
+
+def test_router_spreads_64_requests_over_both_engines(rollout):
+    _, urls, router_url = rollout
+    before = [finished(url) for url in urls]
+    replies = send(router_url, 64)
+    served = [finished(url) - b for url, b in zip(urls, before, strict=True)]
+    assert len(replies) == 64 and all(len(r["output_ids"]) == 2 for r in replies)
+    assert sum(served) == 64 and min(served) > 0, served
+
+
+def test_router_keeps_sampling_params_and_logprob_fields(rollout):
+    """The router re-serializes /generate: what the rollout sends must reach the engine unchanged."""
+    _, urls, router_url = rollout
+    body = {"input_ids": [3, 4, 5], "sampling_params": {"max_new_tokens": 6, "temperature": 0.0}}
+    direct = post_json_sync(f"{urls[0]}/generate", body)
+    routed = post_json_sync(f"{router_url}/generate", {**body, "return_logprob": True})
+    assert routed["output_ids"] == direct["output_ids"]  # temperature 0 arrived
+    assert [t[1] for t in routed["meta_info"]["output_token_logprobs"]] == routed["output_ids"]
+    first = direct["output_ids"][0]
+    stop = {**body["sampling_params"], "stop_token_ids": [first], "no_stop_trim": True}
+    stopped = post_json_sync(f"{router_url}/generate", {"input_ids": [3, 4, 5], "sampling_params": stop})
+    assert stopped["output_ids"] == [first]
+    assert stopped["meta_info"]["finish_reason"] == {"type": "stop", "matched": first}
+
+
+def test_engine_removed_from_router_gets_no_requests(rollout):
+    manager, (kept, removed), router_url = rollout
+    ray.get(manager.unregister_engine.remote(removed))
+    try:
+        before = finished(kept), finished(removed)
+        send(router_url, 16)
+        assert finished(removed) == before[1]
+        assert finished(kept) == before[0] + 16
+    finally:
+        ray.get(manager.register_engine.remote(removed))
+    before_removed = finished(removed)
+    send(router_url, 4)
+    assert finished(removed) > before_removed  # back in rotation
+
+
+def test_generate_returns_scored_train_data_with_engine_logprobs(rollout):
+    manager, _, _ = rollout
+    data = ray.get(manager.generate.remote(0))
+    metrics = data.pop("metrics")
+    n = ROLLOUT_BATCH_SIZE * N_SAMPLES
+    assert {key: len(values) for key, values in data.items()} == dict.fromkeys(data, n)
+    for tokens, length, mask, log_probs in zip(
+        data["tokens"], data["response_lengths"], data["loss_masks"], data["rollout_log_probs"], strict=True
+    ):
+        assert 1 <= length <= MAX_RESPONSE_LEN and len(tokens) > length
+        assert mask == [1] * length and len(log_probs) == length
+        assert all(lp <= 0.0 for lp in log_probs)
+    assert all(reward in (0.0, 1.0) for reward in data["rewards"])
+    assert data["sample_indices"] == list(range(n))
+    assert metrics["rollout/num_samples"] == n
+    assert metrics["rollout/response_len/mean"] == sum(data["response_lengths"]) / n
+    assert metrics["rollout/tokens_per_s"] > 0 and 0.0 <= metrics["rollout/truncated_ratio"] <= 1.0
+
+
+async def tagging_generate(args, sample: Sample, sampling_params: dict) -> Sample:
+    """A custom generate function as users write them: it finds the router through ``args``."""
+    import aiohttp
+
+    url = f"http://{args.sglang_router_ip}:{args.sglang_router_port}/generate"
+    prompt = [3, 4, 5]
+    body = {"input_ids": prompt, "sampling_params": sampling_params, "return_logprob": True}
+    async with aiohttp.ClientSession() as session:
+        reply = await post_json(session, url, body)
+    sample.metadata["custom"] = True
+    return apply_reply(sample, prompt, reply)
+
+
+def test_custom_generate_function_replaces_the_per_sample_step(rollout, tiny_models, prompt_file):
+    _, _, router_url = rollout
+    path = f"{__name__}.tagging_generate"
+    args = make_args(tiny_models["qwen2"], prompt_file, 2, "--custom-generate-function-path", path)
+    args.sglang_router_ip, args.sglang_router_port = router_url.removeprefix("http://").split(":")
+    groups = [[Sample(index=2 * g + i, prompt="abc", label="cba") for i in range(2)] for g in range(2)]
+    done = asyncio.run(generate_groups(args, groups, router_url))
+    assert [s.index for group in done for s in group] == [0, 1, 2, 3]
+    assert all(s.metadata["custom"] and s.reward is not None for group in done for s in group)
+    assert all(s.tokens[:3] == [3, 4, 5] and len(s.rollout_log_probs) == s.response_length for s in done[0])
+
+
+def test_pause_holds_new_requests_until_resume(rollout):
+    manager, _, router_url = rollout
+    ray.get(manager.pause.remote())
+    with ThreadPoolExecutor(1) as pool:
+        try:
+            pending = pool.submit(send, router_url, 1)
+            time.sleep(0.5)
+            assert not pending.done()
+        finally:
+            ray.get(manager.resume.remote())
+        assert len(pending.result(timeout=30)) == 1
+
+
+def test_shutdown_leaves_no_engine_or_router_process(rollout):
+    manager, _, _ = rollout
+    pids = ray.get(manager.pids.remote())
+    alive = [pid for pid in [*pids["engines"], pids["router"]] if pid is not None]
+    assert len(alive) == 3 and all(psutil.pid_exists(pid) for pid in alive)
+    ray.get(manager.shutdown.remote())
+    assert [pid for pid in alive if psutil.pid_exists(pid)] == []
+
+
+def test_engine_that_fails_to_start_stops_startup_with_its_log_tail(
+    ray_cluster, tiny_models, prompt_file, tmp_path
+):
+    args = make_args(tiny_models["qwen2"], prompt_file, 1, "--sglang-foo", "1")
+    pg = create_placement_group(1)
+    manager = RolloutManager.remote(args, pg, [0], log_dir=str(tmp_path))
+    try:
+        start = time.monotonic()
+        with pytest.raises(ray.exceptions.RayTaskError) as info:
+            ray.get(manager.start.remote(60))
+        assert time.monotonic() - start < 60
+        message = str(info.value)
+        assert "torch engine 0 exited with status 2" in message
+        assert "--foo is an SGLang option that the torch engine does not support" in message
+        assert ray.get(manager.pids.remote())["engines"] == []  # stopped and released
+    finally:
+        ray.kill(manager)
+        release_placement_group(pg)
+
+
+def test_server_that_never_gets_ready_times_out_with_log_tail_and_is_killed(tmp_path):
+    argv = [sys.executable, "-c", "import time; print('loading weights', flush=True); time.sleep(60)"]
+    server = ServerProcess("slow server", argv, tmp_path / "slow.log", {})
+    server.start()
+    with pytest.raises(ServerStartError, match=r"(?s)not ready within 1 s.*loading weights"):
+        server.wait_ready(lambda: False, timeout_s=1.0)
+    assert not psutil.pid_exists(server.pid)
+
+
+def test_server_dies_with_the_process_that_started_it(tmp_path):
+    """Ray kills actors with SIGKILL (no atexit): the parent-death signal must take the server along."""
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from slime.utils.http import ServerProcess; "
+            "s = ServerProcess('x', [sys.executable, '-c', 'import time; time.sleep(60)'], sys.argv[1], {}); "
+            "s.start(); print(s.pid, flush=True); time.sleep(60)",
+            str(tmp_path / "child.log"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    child = int(parent.stdout.readline())
+    assert psutil.pid_exists(child)
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 5
+    while psutil.pid_exists(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not psutil.pid_exists(child)
+
+
+@pytest.mark.parametrize(
+    ("finish", "status"),
+    [
+        ({"type": "stop", "matched": 2}, Sample.Status.COMPLETED),
+        ({"type": "length", "length": 2}, Sample.Status.TRUNCATED),
+        ({"type": "abort", "message": "Aborted"}, Sample.Status.ABORTED),
+    ],
+)
+def test_apply_reply_takes_tokens_and_logprobs_from_the_reply(finish, status):
+    reply = {
+        "text": "xy",
+        "output_ids": [7, 2],
+        "meta_info": {
+            "finish_reason": finish,
+            "weight_version": "3",
+            "output_token_logprobs": [[-0.1, 7, None], [-0.2, 2, None]],
+        },
+    }
+    sample = apply_reply(Sample(index=0), [5, 6], reply)
+    assert sample.tokens == [5, 6, 7, 2] and sample.response_length == 2 and sample.response == "xy"
+    assert sample.rollout_log_probs == [-0.1, -0.2] and sample.loss_mask == [1, 1]
+    assert sample.status == status and sample.weight_versions == ["3"]
+
+
+def test_samples_to_train_data_masks_failed_samples_and_keeps_group_order():
+    def sample(index: int, status: Sample.Status, reward: float | dict) -> Sample:
+        return Sample(
+            group_index=index // 2,
+            index=index,
+            tokens=[1, 2, 3, 4],
+            response_length=2,
+            loss_mask=[1, 1],
+            rollout_log_probs=[-0.5, -0.25],
+            reward=reward,
+            status=status,
+        )
+
+    groups = [
+        [sample(0, Sample.Status.COMPLETED, {"acc": 1.0}), sample(1, Sample.Status.FAILED, {"acc": 0.0})],
+        [sample(2, Sample.Status.TRUNCATED, {"acc": 0.0}), sample(3, Sample.Status.COMPLETED, {"acc": 1.0})],
+    ]
+    data = samples_to_train_data(groups, reward_key="acc")
+    assert data["sample_indices"] == [0, 1, 2, 3]
+    assert data["rewards"] == [1.0, 0.0, 0.0, 1.0]
+    assert data["raw_rewards"][0] == {"acc": 1.0}
+    assert data["loss_masks"] == [[1, 1], [0, 0], [1, 1], [1, 1]]
+    groups[0][0].rollout_log_probs = [-0.5]
+    with pytest.raises(ValueError, match="sample 0 is inconsistent"):
+        samples_to_train_data(groups, reward_key="acc")

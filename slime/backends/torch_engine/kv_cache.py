@@ -138,10 +138,10 @@ class SlotKVCache(Cache):
         self.plan.start, self.plan.end, self.plan.kv_length = start, end, length
         self.plan.decode_positions = None
 
-    def set_decode(self, num_rows: int, positions: torch.Tensor) -> None:
+    def set_decode(self, num_rows: int, positions: torch.Tensor, kv_length: int) -> None:
         """Next forward: one token per slot `0 .. num_rows-1`, written at column `positions[row]`."""
         self.plan.start, self.plan.end = 0, num_rows
-        self.plan.kv_length = int(positions.max().item()) + 1
+        self.plan.kv_length = kv_length
         self.plan.decode_positions = positions
 
     def move_row(self, src: int, dst: int, length: int) -> None:

@@ -151,19 +151,12 @@ class ModelRunner:
         return list(logits[torch.arange(n, device=self.device), where])
 
     @torch.inference_mode()
-    def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """One token for each of the slots `0 .. n-1` at `positions`; returns `[n, vocab]` fp32 logits."""
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, kv_length: int) -> torch.Tensor:
+        """One token for each slot `0 .. n-1` at `positions` (all < `kv_length`); `[n, vocab]` fp32 logits."""
         n = tokens.shape[0]
-        self.cache.set_decode(n, positions)
-        kv_length = self.cache.plan.kv_length
+        self.cache.set_decode(n, positions, kv_length)
         columns = torch.arange(kv_length, device=self.device)
         mask = torch.zeros((n, 1, 1, kv_length), dtype=self.dtype, device=self.device)
         mask.masked_fill_((columns[None, :] > positions[:, None])[:, None, None, :], self._mask_min)
         logits = self._forward(tokens[:, None], positions[:, None], mask, 1)
         return logits[:, -1].float()
-
-    # ---- weights --------------------------------------------------------------------------------
-
-    def named_parameters(self) -> dict[str, torch.nn.Parameter]:
-        """HF parameter name -> parameter, tied aliases included (e.g. lm_head.weight)."""
-        return dict(self.model.named_parameters(remove_duplicate=False))

@@ -72,21 +72,27 @@ def truncate(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_
 
 
 def sample(
-    logits: torch.Tensor, rows: list[RowSampling], default_generator: torch.Generator | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick one token per row; return `(token_ids [rows], logprobs [rows])`.
+    logits: torch.Tensor,
+    rows: list[RowSampling],
+    default_generator: torch.Generator | None,
+    want_logprobs: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Pick one token per row; return `(token_ids [rows], logprobs [rows] or None)`.
 
     Rows with their own generator (a request's `sampling_seed`) draw from it alone, so their samples do
-    not depend on which other requests share the batch; the others share `default_generator`.
+    not depend on which other requests share the batch; the others share `default_generator`. Without
+    `want_logprobs` an all-greedy batch skips the softmax altogether.
     """
     device = logits.device
-    temperatures = torch.tensor([r.temperature for r in rows], dtype=logits.dtype, device=device)
-    logprobs = logprobs_for(logits, temperatures)
     tokens = torch.empty(len(rows), dtype=torch.long, device=device)
     greedy = [i for i, r in enumerate(rows) if r.greedy]
-    if greedy:
-        tokens[greedy] = logits[greedy].argmax(dim=-1)
     sampled = [i for i, r in enumerate(rows) if not r.greedy]
+    logprobs = None
+    if want_logprobs or sampled:
+        temperatures = torch.tensor([r.temperature for r in rows], dtype=logits.dtype, device=device)
+        logprobs = logprobs_for(logits, temperatures)
+    if greedy:
+        tokens[greedy] = logits[greedy].argmax(dim=-1) if len(greedy) < len(rows) else logits.argmax(dim=-1)
     if sampled:
         probs = logprobs[sampled].exp()
         sub = [rows[i] for i in sampled]
@@ -108,5 +114,6 @@ def sample(
         if index is not None:
             picks = index.gather(1, picks[:, None])[:, 0]
         tokens[sampled] = picks
-    chosen = logprobs.gather(1, tokens[:, None])[:, 0]
-    return tokens, chosen
+    if not want_logprobs:
+        return tokens, None
+    return tokens, logprobs.gather(1, tokens[:, None])[:, 0]

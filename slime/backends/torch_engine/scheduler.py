@@ -312,8 +312,9 @@ class Scheduler:
     def _decode(self) -> None:
         device = self.runner.device
         tokens = torch.tensor([r.output_ids[-1] for r in self.running], dtype=torch.long, device=device)
-        positions = torch.tensor([r.kv_len for r in self.running], dtype=torch.long, device=device)
-        logits = self.runner.decode(tokens, positions)
+        lengths = [r.kv_len for r in self.running]
+        positions = torch.tensor(lengths, dtype=torch.long, device=device)
+        logits = self.runner.decode(tokens, positions, max(lengths) + 1)
         for request in self.running:
             request.kv_len += 1
         self.stats.decode_steps += 1
@@ -322,9 +323,11 @@ class Scheduler:
     def _sample_and_advance(self, requests: list[Request], logits: torch.Tensor) -> None:
         banned = [r.banned_until_min if len(r.output_ids) < r.params.min_new_tokens else [] for r in requests]
         ban_tokens(logits, banned)
-        tokens, logprobs = sample(logits, [r.sampling for r in requests], self.generator)
+        want_logprobs = any(r.return_logprob for r in requests)
+        tokens, logprobs = sample(logits, [r.sampling for r in requests], self.generator, want_logprobs)
+        values = logprobs.tolist() if logprobs is not None else [None] * len(requests)
         finished = []
-        for request, token, logprob in zip(requests, tokens.tolist(), logprobs.tolist(), strict=True):
+        for request, token, logprob in zip(requests, tokens.tolist(), values, strict=True):
             request.output_ids.append(token)
             if request.return_logprob:
                 request.output_logprobs.append(logprob)

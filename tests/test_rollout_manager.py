@@ -61,7 +61,15 @@ def make_args(model: Path, prompts: Path, num_gpus: int, *extra: str):
 @pytest.fixture(scope="module")
 def rollout(ray_cluster, tiny_models, prompt_file, tmp_path_factory):
     """One manager with two engines behind the router, shared by the tests below (shut down last)."""
-    args = make_args(tiny_models["qwen2"], prompt_file, 2, "--sglang-max-running-requests", "16")
+    args = make_args(
+        tiny_models["qwen2"],
+        prompt_file,
+        2,
+        "--sglang-max-running-requests", "16",
+        "--eval-prompt-data", "words", str(prompt_file),
+        "--n-samples-per-eval-prompt", "2",
+        "--eval-max-response-len", "3",
+    )  # fmt: skip
     pg = create_placement_group(2)
     log_dir = tmp_path_factory.mktemp("rollout_logs")
     manager = RolloutManager.remote(args, pg, [0, 1], log_dir=str(log_dir))
@@ -140,6 +148,14 @@ def test_generate_returns_scored_train_data_with_engine_logprobs(rollout):
     assert metrics["rollout/num_samples"] == n
     assert metrics["rollout/response_len/mean"] == sum(data["response_lengths"]) / n
     assert metrics["rollout/tokens_per_s"] > 0 and 0.0 <= metrics["rollout/truncated_ratio"] <= 1.0
+
+
+def test_eval_scores_each_set_with_eval_sampling_settings(rollout):
+    manager, _, _ = rollout
+    metrics = ray.get(manager.eval.remote(0))
+    assert set(metrics) == {"eval/words", "eval/words/response_len/mean", "eval/words/truncated_ratio"}
+    assert 0.0 <= metrics["eval/words"] <= 1.0
+    assert 1 <= metrics["eval/words/response_len/mean"] <= 3  # --eval-max-response-len, not the rollout's
 
 
 async def tagging_generate(args, sample: Sample, sampling_params: dict) -> Sample:
@@ -292,3 +308,7 @@ def test_samples_to_train_data_masks_failed_samples_and_keeps_group_order():
     groups[0][0].rollout_log_probs = [-0.5]
     with pytest.raises(ValueError, match="sample 0 is inconsistent"):
         samples_to_train_data(groups, reward_key="acc")
+    for group in groups:  # a rollout that sampled nothing (SFT) has no engine log-probs at all
+        for s in group:
+            s.rollout_log_probs = None
+    assert "rollout_log_probs" not in samples_to_train_data(groups, reward_key="acc")

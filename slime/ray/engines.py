@@ -143,13 +143,16 @@ class EngineActor:
 
 
 class EnginePool:
-    """The engines of one placement group: placed together, started together, stopped together."""
+    """The engines of one placement group: placed together, started together, stopped together.
+
+    No bundles, no engines: runs that generate nothing (SFT, train-only debugging) use an empty pool.
+    """
 
     def __init__(
         self, args: argparse.Namespace, pg: PlacementGroup, bundle_indices: list[int], log_dir: str
     ) -> None:
         per_engine = args.rollout_num_gpus_per_engine
-        if not bundle_indices or len(bundle_indices) % per_engine:
+        if len(bundle_indices) % per_engine:
             raise ValueError(
                 f"{len(bundle_indices)} rollout bundles do not split into engines of "
                 f"--rollout-num-gpus-per-engine {per_engine}"
@@ -173,6 +176,8 @@ class EnginePool:
 
     def start(self, timeout_s: float = DEFAULT_START_TIMEOUT_S) -> list[str]:
         """Starts every engine; the first failure stops them all and raises ``EngineStartError``."""
+        if not self.actors:
+            return []
         refs = [actor.start.remote(timeout_s) for actor in self.actors]
         pending = list(refs)
         try:

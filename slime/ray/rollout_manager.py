@@ -5,7 +5,11 @@ Each responsibility is its own small object and ``RolloutManager`` only wires th
 - ``EnginePool`` (``slime.ray.engines``): engine actors on the placement group's bundles;
 - ``Router`` (``slime.rollout.router``): the sglang-router process the rollout talks to;
 - ``PromptDataSource`` (``slime.rollout.data_source``): which prompts come next, resumable;
-- ``RolloutFunction``: the ``--rollout-function-path`` plugin, called once per rollout.
+- ``RolloutFunction``: the ``--rollout-function-path`` plugin, called once per rollout;
+- the ``--eval-prompt-data`` sets, scored by ``eval``.
+
+Without engine bundles (SFT, train-only debugging) no engine and no router start, and the rollout
+function gets ``router_url=None``.
 
 What leaves the actor is train data: a dict of per-sample lists (``samples_to_train_data``, a pure
 function) plus the rollout's metrics under ``"metrics"``, which the driver pops before training.
@@ -30,7 +34,7 @@ import ray
 from ray.util.placement_group import PlacementGroup
 
 from slime.ray.engines import DEFAULT_START_TIMEOUT_S, EnginePool
-from slime.rollout.data_source import PromptDataSource
+from slime.rollout.data_source import PromptDataSource, load_prompts, load_tokenizer
 from slime.rollout.router import Router
 from slime.rollout.sample import Sample
 
@@ -38,7 +42,7 @@ logger = logging.getLogger(__name__)
 
 METRICS_KEY = "metrics"
 
-RolloutFn = Callable[[argparse.Namespace, int, PromptDataSource, str], list[list[Sample]]]
+RolloutFn = Callable[[argparse.Namespace, int, PromptDataSource, str | None], list[list[Sample]]]
 
 
 def run_log_dir() -> str:
@@ -57,23 +61,17 @@ def samples_to_train_data(groups: list[list[Sample]], reward_key: str | None = N
     zeros: nothing is learned from a reward that does not exist.
     """
     samples = [sample for group in groups for sample in group]
-    data: dict[str, list] = {
-        key: []
-        for key in (
-            "tokens",
-            "response_lengths",
-            "loss_masks",
-            "rewards",
-            "raw_rewards",
-            "rollout_log_probs",
-            "sample_indices",
-        )
-    }
+    # Rollouts that sample nothing (SFT) have no engine log-probs: then the key is left out, so
+    # that a present key always means one log-prob per response token.
+    with_log_probs = any(sample.rollout_log_probs is not None for sample in samples)
+    keys = ["tokens", "response_lengths", "loss_masks", "rewards", "raw_rewards", "sample_indices"]
+    data: dict[str, list] = {key: [] for key in [*keys, *(["rollout_log_probs"] if with_log_probs else [])]}
     for sample in samples:
         n = sample.response_length
         mask = list(sample.loss_mask) if sample.loss_mask is not None else [1] * n
         log_probs = sample.rollout_log_probs
-        if len(mask) != n or log_probs is None or len(log_probs) != n or len(sample.tokens) <= n:
+        bad_log_probs = with_log_probs and (log_probs is None or len(log_probs) != n)
+        if len(mask) != n or bad_log_probs or len(sample.tokens) <= n:
             raise ValueError(
                 f"sample {sample.index} is inconsistent: {len(sample.tokens)} tokens, response_length {n}, "
                 f"{len(mask)} loss-mask entries, "
@@ -87,8 +85,9 @@ def samples_to_train_data(groups: list[list[Sample]], reward_key: str | None = N
         data["loss_masks"].append(mask)
         data["rewards"].append(sample.reward_value(reward_key))
         data["raw_rewards"].append(sample.reward)
-        data["rollout_log_probs"].append(list(log_probs))
         data["sample_indices"].append(sample.index)
+        if with_log_probs:
+            data["rollout_log_probs"].append(list(log_probs))
     return data
 
 
@@ -115,6 +114,26 @@ def rollout_metrics(
     }
 
 
+def load_eval_datasets(args: argparse.Namespace) -> dict[str, list[Sample]]:
+    """The ``--eval-prompt-data`` sets by name, read with the ``--eval-*-key`` fields."""
+    datasets = getattr(args, "eval_datasets", None) or []
+    if not datasets:
+        return {}
+    tokenizer = load_tokenizer(args.hf_checkpoint) if args.apply_chat_template else None
+    return {
+        name: load_prompts(
+            path,
+            input_key=args.eval_input_key,
+            label_key=args.eval_label_key,
+            metadata_key=args.metadata_key,
+            tool_key=args.tool_key,
+            tokenizer=tokenizer,
+            apply_chat_template=args.apply_chat_template,
+        )
+        for name, path in datasets
+    }
+
+
 class RolloutFunction:
     """The ``--rollout-function-path`` plugin: ``fn(args, rollout_id, data_source, router_url)``."""
 
@@ -125,7 +144,11 @@ class RolloutFunction:
         self.fn: RolloutFn = load_function(path)
 
     def __call__(
-        self, args: argparse.Namespace, rollout_id: int, data_source: PromptDataSource, router_url: str
+        self,
+        args: argparse.Namespace,
+        rollout_id: int,
+        data_source: PromptDataSource,
+        router_url: str | None,
     ) -> tuple[list[list[Sample]], float]:
         """The rollout's sample groups and the seconds it took."""
         start = time.perf_counter()
@@ -147,15 +170,19 @@ class RolloutManager:
         self.args = args
         self.log_dir = log_dir or run_log_dir()
         self.engines = EnginePool(args, pg, bundle_indices, self.log_dir)
-        self.router = Router(self.log_dir)
+        self.router = Router(self.log_dir) if bundle_indices else None
         self.data_source = PromptDataSource.from_args(args)
         self.rollout_fn = RolloutFunction(args.rollout_function_path)
+        self.eval_datasets = load_eval_datasets(args)
 
-    def start(self, timeout_s: float = DEFAULT_START_TIMEOUT_S) -> tuple[list[str], str]:
+    def start(self, timeout_s: float = DEFAULT_START_TIMEOUT_S) -> tuple[list[str], str | None]:
         """Starts the router and the engines and registers every engine; ``(engine URLs, router URL)``.
 
-        On any failure everything already started is stopped before the error is raised.
+        Without engine bundles nothing starts: ``([], None)``. On any failure everything already
+        started is stopped before the error is raised.
         """
+        if self.router is None:
+            return [], None
         logger.info("rollout logs in %s", self.log_dir)
         try:
             router_url = self.router.start()
@@ -172,28 +199,44 @@ class RolloutManager:
 
     def generate(self, rollout_id: int) -> dict[str, Any]:
         """One rollout as train data (per-sample lists) with its metrics under ``"metrics"``."""
-        groups, seconds = self.rollout_fn(self.args, rollout_id, self.data_source, self.router.url)
+        groups, seconds = self.rollout_fn(self.args, rollout_id, self.data_source, self.router_url())
         data: dict[str, Any] = samples_to_train_data(groups, self.args.reward_key)
         data[METRICS_KEY] = rollout_metrics(groups, seconds, self.args.reward_key)
         return data
 
+    def eval(self, rollout_id: int) -> dict[str, float]:
+        """Scores the ``--eval-prompt-data`` sets with the current weights; ``eval/<name>`` metrics."""
+        from slime.rollout.sglang_rollout import eval_rollout
+
+        if not self.eval_datasets:
+            return {}
+        if self.router is None:
+            raise RuntimeError("evaluation needs rollout engines; this run started none")
+        return eval_rollout(self.args, rollout_id, self.eval_datasets, self.router.url)
+
     def engine_urls(self) -> list[str]:
         return list(self.engines.urls)
 
-    def router_url(self) -> str:
-        return self.router.url
+    def router_url(self) -> str | None:
+        return None if self.router is None else self.router.url
 
     def register_engine(self, url: str) -> None:
         """(Re-)adds an engine to the router; it receives requests once this returns."""
-        self.router.add_worker(url)
+        self._require_router().add_worker(url)
 
     def unregister_engine(self, url: str) -> None:
         """Takes an engine out of the router; no new request reaches it once this returns."""
-        self.router.remove_worker(url)
+        self._require_router().remove_worker(url)
+
+    def _require_router(self) -> Router:
+        if self.router is None:
+            raise RuntimeError("this rollout manager has no engines and no router")
+        return self.router
 
     def pids(self) -> dict[str, Any]:
         """Process ids of the engine servers and the router (for checks that nothing is left behind)."""
-        return {"engines": self.engines.pids() if self.engines.actors else [], "router": self.router.pid}
+        router = None if self.router is None else self.router.pid
+        return {"engines": self.engines.pids() if self.engines.actors else [], "router": router}
 
     def save(self, rollout_id: int, directory: str | None = None) -> str:
         """Saves the data source position after ``rollout_id`` (default directory: ``--save``)."""
@@ -217,7 +260,8 @@ class RolloutManager:
     def shutdown(self) -> None:
         """Stops the engines and the router; safe to call twice."""
         self.engines.shutdown()
-        self.router.shutdown()
+        if self.router is not None:
+            self.router.shutdown()
         logger.info("rollout stopped; logs in %s", self.log_dir)
 
     def log_path(self) -> str:

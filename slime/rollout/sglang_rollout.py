@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import functools
 import importlib
 import inspect
@@ -53,17 +54,18 @@ def _tokenizer(path: str) -> Any:
     return load_tokenizer(path)
 
 
-def sampling_params(args: argparse.Namespace) -> dict[str, Any]:
-    """SGLang sampling parameters from the ``--rollout-*`` flags.
+def sampling_params(args: argparse.Namespace, evaluation: bool = False) -> dict[str, Any]:
+    """SGLang sampling parameters from the ``--rollout-*`` flags (``--eval-*`` ones for evaluation).
 
     ``no_stop_trim`` keeps a matched stop string in the text, so that ``response`` is the text of
     exactly the tokens trained on (``output_ids`` always keep the stop token).
     """
+    prefix = "eval" if evaluation else "rollout"
     params: dict[str, Any] = {
-        "temperature": args.rollout_temperature,
-        "top_p": args.rollout_top_p,
-        "top_k": args.rollout_top_k,
-        "max_new_tokens": args.rollout_max_response_len,
+        "temperature": getattr(args, f"{prefix}_temperature"),
+        "top_p": getattr(args, f"{prefix}_top_p"),
+        "top_k": getattr(args, f"{prefix}_top_k"),
+        "max_new_tokens": getattr(args, f"{prefix}_max_response_len"),
         "skip_special_tokens": args.rollout_skip_special_tokens,
         "no_stop_trim": True,
     }
@@ -168,7 +170,11 @@ async def _gather_or_cancel(coros: list[Awaitable[Any]]) -> list[Any]:
 
 
 async def generate_groups(
-    args: argparse.Namespace, groups: list[list[Sample]], router_url: str, desc: str = "rollout"
+    args: argparse.Namespace,
+    groups: list[list[Sample]],
+    router_url: str,
+    desc: str = "rollout",
+    evaluation: bool = False,
 ) -> list[list[Sample]]:
     """Generates and scores ``groups`` through the router; returns them in the same order."""
     num_engines = max(1, (args.rollout_num_gpus or 1) // args.rollout_num_gpus_per_engine)
@@ -177,7 +183,7 @@ async def generate_groups(
     generate: GenerateFn = load_function(custom) if custom else client.generate
     if custom and not inspect.iscoroutinefunction(generate):
         raise TypeError(f"--custom-generate-function-path {custom} must be an async function")
-    params = sampling_params(args)
+    params = sampling_params(args, evaluation)
     total = sum(len(group) for group in groups)
     try:
         with tqdm(total=total, desc=desc, unit="sample", mininterval=1.0) as progress:
@@ -194,3 +200,34 @@ def generate_rollout(
     """One rollout: ``--rollout-batch-size`` groups of ``--n-samples-per-prompt`` samples, scored."""
     groups = data_source.get_samples(args.rollout_batch_size)
     return asyncio.run(generate_groups(args, groups, router_url, desc=f"rollout {rollout_id}"))
+
+
+def _eval_copy(prompt: Sample, group_index: int, index: int) -> Sample:
+    sample = copy.deepcopy(prompt)
+    sample.group_index, sample.index = group_index, index
+    return sample
+
+
+def eval_rollout(
+    args: argparse.Namespace, rollout_id: int, datasets: dict[str, list[Sample]], router_url: str
+) -> dict[str, float]:
+    """Scores every evaluation set; per set the mean reward (``eval/<name>``), length and truncation.
+
+    ``--n-samples-per-eval-prompt`` responses per prompt, sampled with the ``--eval-*`` settings.
+    """
+    n_per_prompt = args.n_samples_per_eval_prompt
+    metrics: dict[str, float] = {}
+    for name, prompts in datasets.items():
+        groups = [
+            [_eval_copy(prompt, i, i * n_per_prompt + k) for k in range(n_per_prompt)]
+            for i, prompt in enumerate(prompts)
+        ]
+        desc = f"eval {name} @ rollout {rollout_id}"
+        done = asyncio.run(generate_groups(args, groups, router_url, desc=desc, evaluation=True))
+        samples = [sample for group in done for sample in group]
+        n = len(samples)
+        truncated = sum(s.status == Sample.Status.TRUNCATED for s in samples)
+        metrics[f"eval/{name}"] = sum(s.reward_value(args.reward_key) for s in samples) / n
+        metrics[f"eval/{name}/response_len/mean"] = sum(s.response_length for s in samples) / n
+        metrics[f"eval/{name}/truncated_ratio"] = truncated / n
+    return metrics

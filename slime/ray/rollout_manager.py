@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import tempfile
 import time
 from collections.abc import Callable
@@ -263,6 +262,3 @@ class RolloutManager:
         if self.router is not None:
             self.router.shutdown()
         logger.info("rollout stopped; logs in %s", self.log_dir)
-
-    def log_path(self) -> str:
-        return os.fspath(self.log_dir)

@@ -146,16 +146,16 @@ def test_generate_returns_scored_train_data_with_engine_logprobs(rollout):
     assert all(reward in (0.0, 1.0) for reward in data["rewards"])
     assert data["sample_indices"] == list(range(n))
     assert metrics["rollout/num_samples"] == n
-    assert metrics["rollout/response_len/mean"] == sum(data["response_lengths"]) / n
-    assert metrics["rollout/tokens_per_s"] > 0 and 0.0 <= metrics["rollout/truncated_ratio"] <= 1.0
+    assert metrics["rollout/response_length"] == sum(data["response_lengths"]) / n
+    assert metrics["perf/tokens_per_sec"] > 0 and 0.0 <= metrics["rollout/truncated_ratio"] <= 1.0
 
 
 def test_eval_scores_each_set_with_eval_sampling_settings(rollout):
     manager, _, _ = rollout
     metrics = ray.get(manager.eval.remote(0))
-    assert set(metrics) == {"eval/words", "eval/words/response_len/mean", "eval/words/truncated_ratio"}
+    assert set(metrics) == {"eval/words", "eval/words/response_length", "eval/words/truncated_ratio"}
     assert 0.0 <= metrics["eval/words"] <= 1.0
-    assert 1 <= metrics["eval/words/response_len/mean"] <= 3  # --eval-max-response-len, not the rollout's
+    assert 1 <= metrics["eval/words/response_length"] <= 3  # --eval-max-response-len, not the rollout's
 
 
 async def tagging_generate(args, sample: Sample, sampling_params: dict) -> Sample:

@@ -258,12 +258,12 @@ def _check_cluster(args: argparse.Namespace) -> None:
                 "drop --rollout-num-gpus or make them equal",
             )
     elif args.rollout_num_gpus is None:
-        if not args.debug_train_only:
+        if not args.debug_train_only and args.loss_type != "sft_loss":
             raise ConfigError(
                 "--rollout-num-gpus",
                 "required without --colocate; pass the engines' GPU count or add --colocate",
             )
-        args.rollout_num_gpus = 0  # no engines are started
+        args.rollout_num_gpus = 0  # SFT and train-only debugging start no engines
     per_engine, per_node = args.rollout_num_gpus_per_engine, args.num_gpus_per_node
     if args.rollout_num_gpus % per_engine:
         raise ConfigError(

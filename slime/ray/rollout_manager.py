@@ -103,13 +103,13 @@ def rollout_metrics(
 
     return {
         "rollout/num_samples": float(len(samples)),
-        "rollout/response_len/mean": tokens / n,
+        "rollout/response_length": tokens / n,
         "rollout/truncated_ratio": ratio(Sample.Status.TRUNCATED),
         "rollout/aborted_ratio": ratio(Sample.Status.ABORTED),
         "rollout/failed_ratio": ratio(Sample.Status.FAILED),
-        "rollout/generation_s": seconds,
-        "rollout/tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
-        "rollout/raw_reward/mean": sum(s.reward_value(reward_key) for s in samples) / n,
+        "perf/generation_time": seconds,
+        "perf/tokens_per_sec": tokens / seconds if seconds > 0 else 0.0,
+        "rollout/raw_reward": sum(s.reward_value(reward_key) for s in samples) / n,
     }
 
 

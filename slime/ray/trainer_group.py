@@ -98,6 +98,9 @@ class TrainerActor:
     def save(self, directory: str, rollout_id: int) -> str:
         return self.trainer.save(directory, rollout_id)
 
+    def save_hf(self, directory: str) -> str | None:
+        return self.trainer.save_hf(directory)
+
     def close(self) -> None:
         if self.updater is not None:
             self.updater.disconnect()
@@ -145,6 +148,10 @@ class TrainerGroup:
 
     def save(self, rollout_id: int) -> str:
         return self._call("save", self.args.save, rollout_id)[0]
+
+    def save_hf(self, directory: str) -> str:
+        """Exports the current weights as an HF checkpoint (transformers- and engine-loadable)."""
+        return next(path for path in self._call("save_hf", directory) if path)
 
     def connect_engines(self, engine_urls: list[str], ranks_per_engine: int) -> None:
         """Opens the weight-update groups between the trainer and every engine."""

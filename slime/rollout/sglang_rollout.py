@@ -228,6 +228,6 @@ def eval_rollout(
         n = len(samples)
         truncated = sum(s.status == Sample.Status.TRUNCATED for s in samples)
         metrics[f"eval/{name}"] = sum(s.reward_value(args.reward_key) for s in samples) / n
-        metrics[f"eval/{name}/response_len/mean"] = sum(s.response_length for s in samples) / n
+        metrics[f"eval/{name}/response_length"] = sum(s.response_length for s in samples) / n
         metrics[f"eval/{name}/truncated_ratio"] = truncated / n
     return metrics

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from safetensors.torch import save_file
 
 from slime.backends.megatron.conversion import ModelConverter
 from slime.backends.megatron.sharding import gather_full, named_global_params, shard_for_this_rank
@@ -72,3 +74,18 @@ def iter_hf_weights(
         for name, param in named_global_params(chunk):
             full = gather_full(name, param, gated)
             yield from converter.hf_from_megatron(name, full)
+
+
+def write_hf_checkpoint(
+    state: dict[str, torch.Tensor], source_dir: str | Path, target_dir: str | Path
+) -> str:
+    """``state`` as ``model.safetensors`` next to the source checkpoint's config and tokenizer files,
+    so transformers and the engines load the result like the original."""
+    target = Path(target_dir)
+    target.mkdir(parents=True, exist_ok=True)
+    for path in Path(source_dir).iterdir():
+        if path.is_file() and not path.name.endswith((".safetensors", ".safetensors.index.json", ".bin")):
+            shutil.copy2(path, target / path.name)
+    tensors = {name: tensor.contiguous() for name, tensor in state.items()}
+    save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
+    return str(target)

@@ -25,7 +25,7 @@ from slime.backends.megatron.batching import MicroBatch, TrainData, make_micro_b
 from slime.backends.megatron.config import transformer_config_from_args
 from slime.backends.megatron.conversion import ModelConverter, get_converter
 from slime.backends.megatron.conversion.base import ModelShape
-from slime.backends.megatron.hf_checkpoint import iter_hf_weights, load_hf_weights
+from slime.backends.megatron.hf_checkpoint import iter_hf_weights, load_hf_weights, write_hf_checkpoint
 from slime.backends.megatron.logprobs import token_logprobs_and_entropy
 from slime.backends.megatron.loss import LossFn, build_loss_fn
 from slime.backends.megatron.model import build_model_chunks, build_optimizer, wrap_for_training
@@ -240,6 +240,13 @@ class MegatronTrainer:
         for part in gathered:
             merged.update(part)
         return merged
+
+    def save_hf(self, directory: str) -> str | None:
+        """Writes an HF checkpoint (safetensors + the source's config and tokenizer files) from rank 0."""
+        state = self.hf_state_dict()
+        if state is None:
+            return None
+        return write_hf_checkpoint(state, self.args.hf_checkpoint, directory)
 
     def save(self, directory: str, rollout_id: int) -> str:
         return checkpoint.save(directory, rollout_id, self.model, self.optimizer, self.scheduler, self.step)

@@ -1,0 +1,149 @@
+"""The RL loop end to end on CPU: 2 torch engines behind the router, 2 Megatron trainer ranks, GRPO.
+
+One test drives a TrainingSession in-process (so the engines can be inspected while they are up);
+the others run ``train.py`` as a user does, then resume it from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+import ray
+import torch
+from conftest import REPO, model_args
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from slime.config import parse_args
+from slime.utils.http import get_json, post_json_sync
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory) -> Path:
+    """Reverse three letters; the label is the reversed string (exact-match reward)."""
+    root = tmp_path_factory.mktemp("loop_data")
+    words = ["abc", "xyz", "cat", "dog", "sun", "sky", "red", "fox"]
+    (root / "train.jsonl").write_text(
+        "".join(json.dumps({"input": w, "label": w[::-1]}) + "\n" for w in words)
+    )
+    return root
+
+
+def loop_flags(model: Path, task: Path, *extra: str) -> list[str]:
+    return [
+        *model_args(),
+        "--hf-checkpoint", str(model),
+        "--prompt-data", str(task / "train.jsonl"),
+        "--label-key", "label",
+        "--rm-type", "exact",
+        "--rollout-batch-size", "4",
+        "--n-samples-per-prompt", "4",
+        "--rollout-max-response-len", "6",
+        "--rollout-num-gpus", "2",
+        "--actor-num-gpus-per-node", "2",
+        "--micro-batch-size", "4",
+        "--lr", "1e-4",
+        "--lr-decay-style", "constant",
+        "--use-kl-loss", "--kl-loss-coef", "0.01",
+        "--num-rollout", "2",
+        "--log-level", "INFO",
+        *extra,
+    ]  # fmt: skip
+
+
+def processes_tagged(tag: str) -> list[str]:
+    """Live processes that inherited ``SLIME_TEST_RUN=tag``: everything a run started, however deep."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if proc.environ().get("SLIME_TEST_RUN") == tag and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(f"{proc.info['pid']}: {' '.join(proc.info['cmdline'] or [])[:120]}")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def test_session_pushes_trainer_weights_to_every_engine(ray_cluster, tiny_models, task):
+    from slime.ray.session import TrainingSession
+
+    args = parse_args(loop_flags(tiny_models["qwen2"], task))
+    with TrainingSession(args) as session:
+        session.push_weights()
+        data = ray.get(session.rollout.generate.remote(0))
+        data.pop("metrics")
+        metrics = session.trainer.train(data)[0]
+        assert metrics["ppo_kl"] == pytest.approx(0.0, abs=1e-6)
+        assert metrics["train_rollout_logprob_abs_diff"] < 1e-3
+        session.push_weights()
+        expected = session.trainer.hf_state_dict()
+        urls = ray.get(session.rollout.engine_urls.remote())
+        assert len(urls) == 2
+        for url in urls:
+            assert get_json(f"{url}/get_weight_version")["weight_version"] == "2"
+            for name, tensor in expected.items():
+                values = post_json_sync(
+                    f"{url}/get_weights_by_name", {"name": name, "truncate_size": tensor.numel()}
+                )
+                assert torch.equal(torch.tensor(values).flatten(), tensor.flatten()), (url, name)
+        pids = ray.get(session.rollout.pids.remote())
+    for pid in [*pids["engines"], pids["router"]]:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def read_events(tb_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    events = EventAccumulator(str(tb_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+REQUIRED_SCALARS = (
+    "rollout/raw_reward", "rollout/response_length", "rollout/truncated_ratio",
+    "train/loss", "train/pg_loss", "train/pg_clipfrac", "train/ppo_kl", "train/kl_loss", "train/entropy",
+    "train/grad_norm", "train/lr", "train/train_rollout_logprob_abs_diff",
+    "perf/rollout_time", "perf/train_time", "perf/update_weights_time", "perf/tokens_per_sec",
+)  # fmt: skip
+
+
+def run_train(flags: list[str]) -> subprocess.CompletedProcess:
+    """``train.py`` as a user runs it; afterwards no process it started (Ray, engines, router) is alive."""
+    tag = uuid.uuid4().hex
+    env = {**os.environ, "SLIME_TEST_RUN": tag}
+    command = [sys.executable, "train.py", *flags]
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    time.sleep(1)  # processes that were killed a moment ago may still be exiting
+    assert not processes_tagged(tag), processes_tagged(tag)
+    return result
+
+
+def test_train_py_runs_grpo_logs_every_scalar_and_resumes(tiny_models, task, tmp_path):
+    ckpt, tb = tmp_path / "ckpt", tmp_path / "tb"
+    flags = loop_flags(
+        tiny_models["qwen2"], task, "--save", str(ckpt), "--save-interval", "2", "--tb-dir", str(tb)
+    )
+    run_train(flags)
+    scalars = read_events(tb)
+    missing = [tag for tag in REQUIRED_SCALARS if tag not in scalars]
+    assert not missing, missing
+    assert [step for step, _ in scalars["train/loss"]] == [0, 1]
+    assert scalars["train/ppo_kl"][0][1] < 1e-6
+    assert all(value < 1e-3 for _, value in scalars["train/train_rollout_logprob_abs_diff"])
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "1"
+    saved_position = json.loads((ckpt / "rollout" / "data_source_1.json").read_text())
+
+    resumed_tb = tmp_path / "tb_resumed"
+    flags = loop_flags(tiny_models["qwen2"], task, "--load", str(ckpt), "--tb-dir", str(resumed_tb))
+    flags[flags.index("--num-rollout") + 1] = "3"
+    result = run_train(flags)
+    assert "resumed from" in result.stderr and "at rollout 2" in result.stderr
+    assert [step for step, _ in read_events(resumed_tb)["train/loss"]] == [2]
+    assert saved_position["next_group_index"] == 2 * 4  # two rollouts of 4 prompt groups

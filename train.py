@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from slime.config import parse_args
 from slime.ray.session import TrainingSession
+from slime.rollout.data_source import DataError
 from slime.utils.memory import PeakMemoryMonitor
 from slime.utils.metrics import MetricsLogger, setup_logging
 
@@ -82,6 +83,9 @@ def main() -> None:
     setup_logging(args.log_level)
     try:
         train(args)
+    except DataError as error:  # raised while reading the data, before any process started
+        print(error.line(), file=sys.stderr)
+        sys.exit(2)
     except KeyboardInterrupt:
         logger.error("interrupted; every process of the run was stopped")
         sys.exit(130)

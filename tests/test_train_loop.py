@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -147,3 +148,25 @@ def test_train_py_runs_grpo_logs_every_scalar_and_resumes(tiny_models, task, tmp
     assert "resumed from" in result.stderr and "at rollout 2" in result.stderr
     assert [step for step, _ in read_events(resumed_tb)["train/loss"]] == [2]
     assert saved_position["next_group_index"] == 2 * 4  # two rollouts of 4 prompt groups
+
+
+def test_ctrl_c_stops_every_process_of_the_run(tiny_models, task):
+    tag = uuid.uuid4().hex
+    flags = loop_flags(tiny_models["qwen2"], task)
+    flags[flags.index("--num-rollout") + 1] = "100"
+    env = {**os.environ, "SLIME_TEST_RUN": tag}
+    proc = subprocess.Popen(
+        [sys.executable, "train.py", *flags], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        for line in proc.stderr:
+            if "rollout 0/100" in line:  # engines, router and trainers are all up and working
+                break
+        proc.send_signal(signal.SIGINT)
+        _, remaining = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, remaining[-2000:]
+    assert "interrupted" in remaining
+    time.sleep(1)
+    assert not processes_tagged(tag), processes_tagged(tag)

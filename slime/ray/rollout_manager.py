@@ -165,14 +165,18 @@ class RolloutManager:
         pg: PlacementGroup,
         bundle_indices: list[int],
         log_dir: str | None = None,
+        data_source: PromptDataSource | None = None,
+        eval_datasets: dict[str, list[Sample]] | None = None,
     ) -> None:
+        """``data_source`` / ``eval_datasets``: already read by the driver (which checks the data before
+        starting anything); read from the flags when not given."""
         self.args = args
         self.log_dir = log_dir or run_log_dir()
         self.engines = EnginePool(args, pg, bundle_indices, self.log_dir)
         self.router = Router(self.log_dir) if bundle_indices else None
-        self.data_source = PromptDataSource.from_args(args)
+        self.data_source = data_source if data_source is not None else PromptDataSource.from_args(args)
         self.rollout_fn = RolloutFunction(args.rollout_function_path)
-        self.eval_datasets = load_eval_datasets(args)
+        self.eval_datasets = eval_datasets if eval_datasets is not None else load_eval_datasets(args)
 
     def start(self, timeout_s: float = DEFAULT_START_TIMEOUT_S) -> tuple[list[str], str | None]:
         """Starts the router and the engines and registers every engine; ``(engine URLs, router URL)``.

@@ -60,9 +60,13 @@ class TrainingSession:
         self.close()
 
     def _start(self) -> None:
-        from slime.ray.rollout_manager import RolloutManager
+        from slime.ray.rollout_manager import RolloutManager, load_eval_datasets
+        from slime.rollout.data_source import PromptDataSource
 
         args = self.args
+        # Read (and so check) the data before any process starts: a bad line is a one-line error.
+        data_source = PromptDataSource.from_args(args)
+        eval_datasets = load_eval_datasets(args)
         self._owns_ray = not ray.is_initialized() and not args.ray_address
         start_ray(args)
         engines = uses_engines(args)
@@ -73,7 +77,9 @@ class TrainingSession:
         if engines:
             first = 0 if args.colocate else num_trainers
             rollout_bundles = list(range(first, first + args.rollout_num_gpus))
-        self.rollout = RolloutManager.options(num_cpus=0).remote(args, self.pg, rollout_bundles)
+        self.rollout = RolloutManager.options(num_cpus=0).remote(
+            args, self.pg, rollout_bundles, data_source=data_source, eval_datasets=eval_datasets
+        )
         self.trainer = TrainerGroup(args, self.pg, trainer_bundles)
         # Engines load their weights while the trainer builds its model.
         engine_urls_ref = self.rollout.start.remote()
@@ -87,11 +93,19 @@ class TrainingSession:
             self.trainer.connect_engines(engine_urls, args.rollout_num_gpus_per_engine)
 
     def push_weights(self) -> dict[str, float]:
-        """Trainer weights to every engine; the engines' ``weight_version`` becomes the number of pushes."""
+        """Trainer weights to every engine; the engines' ``weight_version`` becomes the number of pushes.
+
+        Generation is paused around the update (nothing runs in the synchronous loop, but a request
+        must never decode with half-updated weights); the last bucket flushes the engines' caches.
+        """
         if not uses_engines(self.args):
             return {}
         self.weight_version += 1
-        return self.trainer.update_weights(str(self.weight_version))
+        ray.get(self.rollout.pause.remote(mode="abort"))
+        try:
+            return self.trainer.update_weights(str(self.weight_version))
+        finally:
+            ray.get(self.rollout.resume.remote())
 
     def close(self) -> None:
         """Stops everything that was started, in reverse order; safe after a partial start."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import socket
 from typing import Any
 
 import ray
@@ -18,12 +17,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from slime.backends.megatron.batching import TrainData
 from slime.utils.device import worker_env
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
+from slime.utils.http import free_port
 
 
 @ray.remote(num_gpus=1)
@@ -36,7 +30,8 @@ class TrainerActor:
         self.updater = None
 
     def rendezvous_address(self) -> tuple[str, int]:
-        return ray.util.get_node_ip_address(), _free_port()
+        address = ray.util.get_node_ip_address()
+        return address, free_port(address)
 
     def init(self, master_addr: str, master_port: int) -> int | None:
         """Builds the model from ``--hf-checkpoint``, resumes ``--load``; returns the loaded rollout id."""

@@ -14,14 +14,14 @@ import argparse
 
 from slime.rollout.data_source import DataError, PromptDataSource
 from slime.rollout.sample import Sample
-from slime.rollout.sglang_rollout import _tokenizer, prompt_ids
+from slime.rollout.sglang_rollout import cached_tokenizer, prompt_ids
 
 
 def build_sft_sample(args: argparse.Namespace, sample: Sample) -> Sample:
     """Tokens, response length and loss mask of one prompt/response pair (the label is the response)."""
     if sample.label is None:
         raise DataError(f"sample {sample.index} has no response: set --label-key to the response field")
-    tokenizer = _tokenizer(args.hf_checkpoint)
+    tokenizer = cached_tokenizer(args.hf_checkpoint)
     prompt = prompt_ids(args, sample)
     response = tokenizer(sample.label, add_special_tokens=False)["input_ids"]
     if tokenizer.eos_token_id is not None:

@@ -50,7 +50,8 @@ def load_function(path: str) -> Callable[..., Any]:
 
 
 @functools.cache
-def _tokenizer(path: str) -> Any:
+def cached_tokenizer(path: str) -> Any:
+    """The ``--hf-checkpoint`` tokenizer, loaded once per process."""
     return load_tokenizer(path)
 
 
@@ -78,7 +79,7 @@ def sampling_params(args: argparse.Namespace, evaluation: bool = False) -> dict[
 
 def prompt_ids(args: argparse.Namespace, sample: Sample) -> list[int]:
     """The prompt's token ids: chat messages are rendered with the chat template first."""
-    tokenizer = _tokenizer(args.hf_checkpoint)
+    tokenizer = cached_tokenizer(args.hf_checkpoint)
     prompt = sample.prompt if isinstance(sample.prompt, str) else render_chat(tokenizer, sample.prompt)
     return tokenizer(prompt, add_special_tokens=False)["input_ids"]
 

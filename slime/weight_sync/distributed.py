@@ -11,7 +11,6 @@ other replicas skip the sync entirely. Every call and collective has a timeout: 
 from __future__ import annotations
 
 import argparse
-import socket
 import time
 
 import ray
@@ -20,14 +19,9 @@ from megatron.core import parallel_state as mpu
 
 from slime.backends.torch_engine.weights import broadcast_from_rank0, create_weight_update_group
 from slime.utils.device import distributed_backend
+from slime.utils.http import free_port
 from slime.weight_sync.bucketing import iter_buckets
 from slime.weight_sync.engine_client import post_all
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
 
 
 class DistributedWeightUpdater:
@@ -52,7 +46,8 @@ class DistributedWeightUpdater:
         self.engine_urls = list(engine_urls)
         if not self._is_sender:
             return
-        address, port = ray.util.get_node_ip_address(), _free_port()
+        address = ray.util.get_node_ip_address()
+        port = free_port(address)
         world_size = 1 + len(engine_urls) * ranks_per_engine
         backend = distributed_backend()
         payloads = [

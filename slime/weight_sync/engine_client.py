@@ -1,44 +1,32 @@
-"""Blocking JSON calls from a trainer rank to rollout engines (SGLang's native HTTP API).
+"""Calls from a trainer rank to rollout engines (SGLang's native HTTP API) that must overlap a collective.
 
-The trainer side of a weight update runs inside a Ray actor that also drives collectives, so the
-calls are plain blocking HTTP, issued from threads when several engines must be reached at once.
+A weight-update call does not answer until the engine has received the broadcast that follows it,
+so the trainer issues the calls from threads and broadcasts while they are in flight.
 """
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
+
+from slime.utils.http import post_json_sync
 
 
 class EngineCallError(RuntimeError):
-    pass
+    """An engine answered ``success: false`` (SGLang's way of refusing an update)."""
 
 
-def post(url: str, path: str, payload: dict[str, Any] | None = None, timeout: float = 300.0) -> dict:
-    """POSTs JSON and returns the JSON reply; an HTTP error or ``success: false`` raises EngineCallError."""
-    data = json.dumps(payload or {}).encode()
-    request = urllib.request.Request(
-        url.rstrip("/") + path, data=data, headers={"Content-Type": "application/json"}, method="POST"
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            body = response.read()
-    except urllib.error.HTTPError as e:
-        detail = e.read().decode(errors="replace")[:500]
-        raise EngineCallError(f"{url}{path}: HTTP {e.code}: {detail}") from None
-    except (urllib.error.URLError, TimeoutError, OSError) as e:
-        raise EngineCallError(f"{url}{path}: {e}") from None
-    reply = json.loads(body) if body else {}
+def post(url: str, path: str, payload: dict[str, Any] | None = None, timeout: float = 300.0) -> Any:
+    reply = post_json_sync(url.rstrip("/") + path, payload, timeout)
     if isinstance(reply, dict) and reply.get("success") is False:
         raise EngineCallError(f"{url}{path}: {reply.get('message', 'failed')}")
     return reply
 
 
-def post_all(urls: list[str], path: str, payloads: list[dict] | dict | None = None, timeout: float = 300.0):
-    """The same call on every engine at once; returns a future per engine (``.result()`` re-raises)."""
+def post_all(
+    urls: list[str], path: str, payloads: list[dict] | dict | None = None, timeout: float = 300.0
+) -> list[Future]:
+    """The same call on every engine at once; a future per engine (``.result()`` re-raises)."""
     if not isinstance(payloads, list):
         payloads = [payloads or {}] * len(urls)
     pool = ThreadPoolExecutor(max_workers=max(len(urls), 1))

@@ -5,8 +5,9 @@ the entire cache every step) and it has no notion of requests joining or leaving
 running request owns one *slot* (a row of a preallocated `[rows, kv_heads, columns, head_dim]` buffer
 per layer) and keeps its tokens at columns `0 .. len-1`, i.e. column == position:
 
-- prefill of new requests writes their prompts into fresh slots (right padding inside the slot; the
-  garbage columns past a prompt are never attended to and are overwritten by later decode writes);
+- prefill of new requests runs them left-padded to a common width (so the model computes logits for
+  the last column only) and copies each row's real tokens into columns `0 .. len-1` of a fresh slot;
+  attention within a prefill uses the new keys directly (fresh slots have no past);
 - a decode step writes each request's new key/value at its own column (one scatter per layer), and
   attention runs over columns `0 .. max(len)` with a mask that hides each row's columns past its own
   position;
@@ -34,14 +35,16 @@ except ImportError as exc:  # pragma: no cover - depends on the installed transf
 class ForwardPlan:
     """Where the next forward reads and writes: rows `start .. end-1`, attention over `kv_length` columns.
 
-    `decode_positions` is None for a prefill (the new tokens land at columns `0 .. q-1` of every row) and a
-    `[end - start]` long tensor for a decode step (one new token per row, at that row's column).
+    `decode_positions` is None for a prefill (row i's tokens are left-padded by `prefill_pads[i]` and land
+    at columns `0 .. q-1-pad`) and a `[end - start]` long tensor for a decode step (one new token per row,
+    at that row's column).
     """
 
     start: int = 0
     end: int = 0
     kv_length: int = 0
     decode_positions: torch.Tensor | None = None
+    prefill_pads: list[int] | None = None
 
 
 def _grow(size: int, needed: int, limit: int | None) -> int:
@@ -94,8 +97,10 @@ class _SlotLayer(CacheLayerMixin):
         rows = slice(plan.start, plan.end)
         if plan.decode_positions is None:
             q = key_states.shape[2]
-            self.keys[rows, :, :q] = key_states
-            self.values[rows, :, :q] = value_states
+            for i, pad in enumerate(plan.prefill_pads or [0] * (plan.end - plan.start)):
+                self.keys[plan.start + i, :, : q - pad] = key_states[i, :, pad:]
+                self.values[plan.start + i, :, : q - pad] = value_states[i, :, pad:]
+            return key_states, value_states
         else:
             index = torch.arange(plan.start, plan.end, device=self.keys.device)
             self.keys[index, :, plan.decode_positions] = key_states[:, :, 0]
@@ -121,9 +126,10 @@ class _SlotLayer(CacheLayerMixin):
         self.is_initialized = False
 
     def nbytes(self) -> int:
-        if not self.is_initialized:
+        keys, values = self.keys, self.values  # read once: another thread may reset() meanwhile
+        if keys is None or values is None:
             return 0
-        return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
+        return keys.numel() * keys.element_size() + values.numel() * values.element_size()
 
 
 class SlotKVCache(Cache):
@@ -133,10 +139,10 @@ class SlotKVCache(Cache):
         self.plan = ForwardPlan()
         super().__init__(layers=[_SlotLayer(self.plan, max_rows, max_columns) for _ in range(num_layers)])
 
-    def set_prefill(self, start: int, end: int, length: int) -> None:
-        """Next forward: prompts of `length` (padded) tokens for the fresh slots `start .. end-1`."""
+    def set_prefill(self, start: int, end: int, length: int, pads: list[int]) -> None:
+        """Next forward: prompts left-padded to `length` (row i by `pads[i]`) for fresh slots `start ..`."""
         self.plan.start, self.plan.end, self.plan.kv_length = start, end, length
-        self.plan.decode_positions = None
+        self.plan.decode_positions, self.plan.prefill_pads = None, pads
 
     def set_decode(self, num_rows: int, positions: torch.Tensor, kv_length: int) -> None:
         """Next forward: one token per slot `0 .. num_rows-1`, written at column `positions[row]`."""

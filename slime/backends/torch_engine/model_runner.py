@@ -124,31 +124,29 @@ class ModelRunner:
     def prefill(self, sequences: list[list[int]], start_row: int, all_logits: bool) -> list[torch.Tensor]:
         """Run the prompts of the new slots `start_row ..`; return per row logits (fp32).
 
-        Each entry is `[len, vocab]` when `all_logits` (prompt logprobs are wanted) else `[vocab]`, the
-        logits after the row's last token.
+        Rows are left-padded to a common width, so the logits after every row's last token are the last
+        column (pad queries attend to nothing and are discarded). Each entry is `[len, vocab]` when
+        `all_logits` (prompt logprobs are wanted) else `[vocab]`.
         """
         n = len(sequences)
-        lengths = torch.tensor([len(s) for s in sequences], device=self.device)
-        width = int(lengths.max().item())
-        ids = torch.zeros((n, width), dtype=torch.long, device=self.device)
-        for row, seq in enumerate(sequences):
-            ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        width = max(len(s) for s in sequences)
+        pads = [width - len(s) for s in sequences]
+        ids = torch.zeros((n, width), dtype=torch.long)
+        for row, (seq, pad) in enumerate(zip(sequences, pads, strict=True)):
+            ids[row, pad:] = torch.tensor(seq, dtype=torch.long)
         columns = torch.arange(width, device=self.device)
+        pad_t = torch.tensor(pads, device=self.device)
         allowed = (columns[None, :] <= columns[:, None])[None] & (
-            columns[None, None, :] < lengths[:, None, None]
+            columns[None, None, :] >= pad_t[:, None, None]
         )
         mask = torch.zeros((n, 1, width, width), dtype=self.dtype, device=self.device)
         mask.masked_fill_(~allowed[:, None], self._mask_min)
-        positions = columns[None, :].expand(n, width)
-        self.cache.set_prefill(start_row, start_row + n, width)
+        positions = (columns[None, :] - pad_t[:, None]).clamp(min=0)
+        self.cache.set_prefill(start_row, start_row + n, width, pads)
+        logits = self._forward(ids.to(self.device), positions, mask, 0 if all_logits else 1).float()
         if all_logits:
-            logits = self._forward(ids, positions, mask, 0).float()
-            return [logits[row, : len(seq)] for row, seq in enumerate(sequences)]
-        last = lengths - 1
-        keep = torch.unique(last)
-        logits = self._forward(ids, positions, mask, keep).float()
-        where = torch.searchsorted(keep, last)
-        return list(logits[torch.arange(n, device=self.device), where])
+            return [logits[row, pad:] for row, pad in enumerate(pads)]
+        return list(logits[:, -1])
 
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor, kv_length: int) -> torch.Tensor:

@@ -259,6 +259,10 @@ class Scheduler:
             length = len(request.input_ids) + len(request.output_ids)
             if batch and (len(batch) + 1) * max(width, length) > PREFILL_TOKEN_BUDGET:
                 break
+            # Prompt logprobs need logits at every position: such a request is prefilled on its own.
+            alone = request.wants_input_logprobs and not request.output_ids
+            if batch and (alone or batch[0].wants_input_logprobs):
+                break
             if (
                 self.max_total_tokens is not None
                 and (self.running or batch)

@@ -117,12 +117,17 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def health_generate(request: web.Request) -> web.Response:
-    """200 once a one-token greedy generation (or, while paused, a scheduler round trip) completes."""
+    """200 once a one-token greedy generation completes.
+
+    While generation is paused or memory is released the engine is alive but may not generate; then a
+    round trip through the scheduler thread proves liveness instead (a fault-tolerance monitor must
+    not take an engine parked for a weight update or for training as dead).
+    """
     engine = request.app[ENGINE]
-    if engine.unavailable_reason() is not None or not engine.scheduler.is_alive():
+    if engine.shutting_down or not engine.scheduler.is_alive():
         return web.Response(status=503)
     try:
-        if engine.scheduler.paused:
+        if engine.scheduler.paused or engine.released:
             await asyncio.wait_for(_on_scheduler(engine, lambda: None), HEALTH_CHECK_TIMEOUT_S)
         else:
             probe = Request(

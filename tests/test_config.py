@@ -481,7 +481,10 @@ def plugin_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     return "cfg_test_plugin"
 
 
-def test_importable_plugins_pass_and_the_default_rollout_is_not_imported(hf: str, plugin_module: str) -> None:
+def test_importable_plugins_pass_and_the_default_rollout_is_not_imported(
+    hf: str, plugin_module: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delitem(sys.modules, "slime.rollout.sglang_rollout", raising=False)  # other tests import it
     args = parse_args(base(hf, "--custom-rm-path", f"{plugin_module}.score"))
     assert args.custom_rm_path == f"{plugin_module}.score"
     assert "slime.rollout.sglang_rollout" not in sys.modules

@@ -150,6 +150,8 @@ def test_text_and_input_ids_give_the_same_sglang_shaped_reply(engine, hf):
     assert meta["prompt_tokens"] == 10 and meta["completion_tokens"] == 6 and meta["cached_tokens"] == 0
     assert meta["weight_version"] == "default" and isinstance(meta["id"], str) and meta["e2e_latency"] > 0
     assert "output_token_logprobs" not in meta
+    batch = generate(engine, input_ids=[by_ids["output_ids"], [5, 6]], sampling_params=params)
+    assert isinstance(batch, list) and [len(r["output_ids"]) for r in batch] == [6, 6]
 
 
 def test_greedy_output_equals_transformers_generate(engine, hf):
@@ -479,6 +481,61 @@ def test_update_weights_from_distributed(engine, hf, restore_weights):
     ]
 
 
+# The trainer side as SGLang and slime build it (torch's private group helper); run in its own process so
+# that the group it registers in torch.distributed's globals cannot leak into other tests.
+SGLANG_STYLE_TRAINER = """
+import datetime, sys, torch
+import torch.distributed as dist
+from torch.distributed.distributed_c10d import (
+    Backend, PrefixStore, _new_process_group_helper, _world, rendezvous,
+)
+port, name = int(sys.argv[1]), sys.argv[2]
+timeout = datetime.timedelta(seconds=60)
+store, rank, world = next(rendezvous(f"tcp://127.0.0.1:{port}", 0, 2, timeout=timeout))
+store.set_timeout(timeout)
+pg, _ = _new_process_group_helper(
+    2, 0, [], Backend("gloo"), PrefixStore(name, store),
+    group_name=name, backend_options=None, timeout=timeout,
+)
+_world.pg_group_ranks[pg] = {0: 0, 1: 1}
+dist.broadcast(torch.arange(128, dtype=torch.float32), src=0, group=pg)
+print("sent", flush=True)
+sys.stdin.readline()  # the engine closes its side first, as after a real weight sync
+dist.destroy_process_group(pg)
+"""
+
+
+def test_weight_group_meets_a_trainer_built_the_sglang_way(engine, restore_weights):
+    port = _free_port()
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", SGLANG_STYLE_TRAINER, str(port), "sglang_wug"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        init = {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2}
+        init.update(group_name="sglang_wug", backend="gloo")
+        assert requests.post(f"{engine}/init_weights_update_group", json=init).json()["success"]
+        body = {
+            "names": ["model.norm.weight"],
+            "dtypes": ["float32"],
+            "shapes": [[128]],
+            "group_name": "sglang_wug",
+        }
+        assert requests.post(f"{engine}/update_weights_from_distributed", json=body).json()["success"]
+        assert trainer.stdout.readline().strip() == "sent"
+        assert _weights(engine, "model.norm.weight", 5) == [0.0, 1.0, 2.0, 3.0, 4.0]
+        destroy = {"group_name": "sglang_wug"}
+        assert requests.post(f"{engine}/destroy_weights_update_group", json=destroy).json()["success"]
+        trainer.communicate("bye\n", timeout=30)
+        assert trainer.returncode == 0
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+            trainer.wait()
+
+
 def test_update_weights_from_tensor(engine, hf, restore_weights):
     model, _ = hf
     for seed, flattened in ((3, False), (4, True)):
@@ -534,7 +591,7 @@ def test_release_and_resume_memory_occupation(engine, model_dir, restore_weights
     assert generate(engine, text="mem", sampling_params=params)["output_ids"] == before
 
     requests.post(f"{engine}/release_memory_occupation", json={})  # tags null: everything
-    assert requests.get(f"{engine}/health_generate").status_code == 503
+    assert requests.get(f"{engine}/health_generate").status_code == 200  # parked, not dead
     assert (
         requests.get(f"{engine}/get_weights_by_name", json={"name": "model.norm.weight"}).status_code == 400
     )

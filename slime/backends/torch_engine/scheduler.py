@@ -260,8 +260,7 @@ class Scheduler:
             if batch and (len(batch) + 1) * max(width, length) > PREFILL_TOKEN_BUDGET:
                 break
             # Prompt logprobs need logits at every position: such a request is prefilled on its own.
-            alone = request.wants_input_logprobs and not request.output_ids
-            if batch and (alone or batch[0].wants_input_logprobs):
+            if batch and (self._needs_all_logits(request) or self._needs_all_logits(batch[0])):
                 break
             if (
                 self.max_total_tokens is not None
@@ -275,6 +274,11 @@ class Scheduler:
             width = max(width, length)
         return batch
 
+    @staticmethod
+    def _needs_all_logits(request: Request) -> bool:
+        """Prompt logprobs are computed once, at the first prefill (not again after a retraction)."""
+        return request.wants_input_logprobs and not request.output_ids and request.num_retractions == 0
+
     def _prefill(self, batch: list[Request]) -> None:
         if self.running:
             self.stats.joined_running_batch += len(batch)
@@ -282,8 +286,8 @@ class Scheduler:
         for i, request in enumerate(batch):
             request.slot = start + i
         sequences = [r.input_ids + r.output_ids for r in batch]
-        first_time = [not r.output_ids and r.num_retractions == 0 for r in batch]
-        all_logits = any(r.wants_input_logprobs and first for r, first in zip(batch, first_time, strict=True))
+        first_time = [self._needs_all_logits(r) for r in batch]
+        all_logits = any(first_time)
         logits = self.runner.prefill(sequences, start, all_logits)
         self.running.extend(batch)
         self.stats.prefill_batches += 1
@@ -293,7 +297,7 @@ class Scheduler:
         for request, seq, row_logits, first in zip(batch, sequences, logits, first_time, strict=True):
             request.kv_len = len(seq)
             if all_logits:
-                if request.wants_input_logprobs and first:
+                if first:
                     self._record_input_logprobs(request, row_logits)
                 row_logits = row_logits[-1]
             last.append(row_logits)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NoReturn
 
 PROG = "python -m slime.backends.torch_engine"
@@ -131,6 +132,11 @@ def parse_server_args(argv: list[str] | None = None) -> ServerArgs:
     for name in ("context_length", "max_running_requests", "max_total_tokens"):
         if values[name] is not None and values[name] <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive, got {values[name]}")
+    for name in ("model_path", "tokenizer_path"):
+        if values[name] is not None and not Path(values[name]).is_dir():
+            parser.error(
+                f"--{name.replace('_', '-')} {values[name]} is not a directory (a local HF checkpoint)"
+            )
     ignored = {name: values.pop(name) for name in NO_EFFECT if values.get(name) is not None}
     for name in NO_EFFECT:
         values.pop(name, None)

@@ -62,7 +62,8 @@ class MetricsLogger:
             for key, value in metrics.items()
             if key.count("/") == 1 and key[:5] == "eval/"
         ]
-        logger.info("rollout %d/%s | %s", rollout_id, self.num_rollout, " | ".join(parts))
+        where = "before training" if rollout_id < 0 else f"rollout {rollout_id}/{self.num_rollout}"
+        logger.info("%s | %s", where, " | ".join(parts))
 
     def close(self) -> None:
         self.writer.close()

@@ -22,7 +22,7 @@ from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
 from slime.backends.megatron import checkpoint
 from slime.backends.megatron.batching import MicroBatch, TrainData, make_micro_batches
-from slime.backends.megatron.config import transformer_config_from_args
+from slime.backends.megatron.config import padded_vocab_size, transformer_config_from_args
 from slime.backends.megatron.conversion import ModelConverter, get_converter
 from slime.backends.megatron.conversion.base import ModelShape
 from slime.backends.megatron.hf_checkpoint import iter_hf_weights, load_hf_weights, write_hf_checkpoint
@@ -38,8 +38,6 @@ warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is depreca
 
 def converter_for(args: argparse.Namespace) -> ModelConverter:
     """The HF<->Megatron converter for ``--hf-checkpoint``'s architecture and this run's vocab padding."""
-    from slime.backends.megatron.config import padded_vocab_size
-
     hf_config = json.loads((Path(args.hf_checkpoint) / "config.json").read_text())
     shape = ModelShape(
         num_attention_heads=args.num_attention_heads,

@@ -48,7 +48,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_engine(model: Path, batch: int) -> tuple[subprocess.Popen, str]:
+def start_engine(model: Path, batch: int, threads: int) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     cmd = [
         sys.executable,
@@ -60,7 +60,7 @@ def start_engine(model: Path, batch: int) -> tuple[subprocess.Popen, str]:
         str(port),
     ]
     cmd += ["--max-running-requests", str(batch), "--log-level", "warning", "--random-seed", "0"]
-    proc = subprocess.Popen(cmd, cwd=REPO)
+    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
         try:
@@ -132,9 +132,13 @@ def main() -> None:
     parser.add_argument("--hidden-size", type=int, default=128)
     parser.add_argument("--num-layers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3, help="best of N runs (shared CPUs are noisy)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch intra-op threads, both sides (1 resists CPU contention)"
+    )
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "engine_throughput.json"))
     args = parser.parse_args()
 
+    torch.set_num_threads(args.threads)
     rng = random.Random(0)
     total = args.batch * args.waves
     prompts = [[rng.randrange(3, 90) for _ in range(args.prompt_len)] for _ in range(total)]
@@ -156,7 +160,7 @@ def main() -> None:
         hf_logging.set_verbosity_error()
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         results: dict = {}
-        proc, url = start_engine(model_dir, args.batch)
+        proc, url = start_engine(model_dir, args.batch, args.threads)
         try:
             run_engine(url, prompts[:2], [8, 8])  # warm-up
             run_generate(model, prompts[:2], [8, 8], 0, args.batch)

@@ -24,7 +24,8 @@ import pytest
 import requests
 import torch
 
-from slime.backends.torch_engine.weights import create_weight_update_group, serialize_named_tensors
+from slime.backends.torch_engine.weights import serialize_named_tensors
+from slime.weight_sync.process_group import create_weight_update_group
 
 pytestmark = pytest.mark.e2e
 

@@ -17,11 +17,11 @@ import ray
 import torch
 from megatron.core import parallel_state as mpu
 
-from slime.backends.torch_engine.weights import broadcast_from_rank0, create_weight_update_group
 from slime.utils.device import distributed_backend
 from slime.utils.http import free_port
 from slime.weight_sync.bucketing import iter_buckets
 from slime.weight_sync.engine_client import post_all
+from slime.weight_sync.process_group import broadcast_from_rank0, create_weight_update_group
 
 
 class DistributedWeightUpdater:

@@ -22,13 +22,14 @@ from slime.backends.torch_engine.protocol import GenerateInput, ProtocolError
 from slime.backends.torch_engine.sampling import RowSampling
 from slime.backends.torch_engine.scheduler import Request, Scheduler
 from slime.backends.torch_engine.server_args import ServerArgs
+from slime.weight_sync.process_group import DEFAULT_TIMEOUT_S, create_weight_update_group
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_RUNNING_REQUESTS = 64
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 # Seconds a weight-update collective may wait for its peer (env override for slow CI machines).
-DIST_TIMEOUT_S = float(os.environ.get("SLIME_TORCH_ENGINE_DIST_TIMEOUT", weights.DEFAULT_TIMEOUT_S))
+DIST_TIMEOUT_S = float(os.environ.get("SLIME_TORCH_ENGINE_DIST_TIMEOUT", DEFAULT_TIMEOUT_S))
 
 
 def pick_device(args: ServerArgs) -> torch.device:
@@ -229,7 +230,7 @@ class TorchEngine:
         if name in self.groups:
             return False, f"Failed to initialize custom process group: group {name!r} already exists."
         try:
-            group = weights.create_weight_update_group(
+            group = create_weight_update_group(
                 body["master_address"],
                 int(body["master_port"]),
                 int(body["rank_offset"]),

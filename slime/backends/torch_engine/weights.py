@@ -1,15 +1,6 @@
 """Weight updates: the trainer->engine process group, the tensor payload encoding, loading by HF name.
 
-Process group. SGLang's engine joins a group made by `init_custom_process_group(backend,
-init_method="tcp://addr:port", world_size, rank=rank_offset, group_name)`: torch's tcp rendezvous (a
-TCPStore hosted by rank 0, the trainer), wrapped in `PrefixStore(group_name)`, then torch's
-`_new_process_group_helper`, which prefixes `"<group_name>/"` and the device (`"cpu/"` for gloo,
-`"cuda/"` for nccl) before building the backend. `create_weight_update_group` builds the very same
-store chain and backend with public classes only (TCPStore, PrefixStore, ProcessGroupGloo /
-ProcessGroupNCCL) and uses the backend object directly, so the engine needs no default process group
-and disturbs no global torch.distributed state, while a trainer that uses SGLang's recipe (or this
-function) meets it at the same rendezvous keys. Every collective uses the group's timeout, so a missing
-peer fails the call instead of hanging it.
+Process group: ``slime.weight_sync.process_group`` (shared with the trainer side).
 
 Tensor payload. Real SGLang passes `serialized_named_tensors` (one base64 string per TP rank) made by its
 MultiprocessingSerializer: a ForkingPickler dump whose CUDA tensors travel as CUDA IPC handles. On CPU
@@ -23,7 +14,6 @@ changes one place.
 from __future__ import annotations
 
 import base64
-import datetime
 import io
 import logging
 from collections.abc import Iterable, Iterator
@@ -33,66 +23,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from slime.weight_sync.process_group import broadcast_from_rank0
+
 logger = logging.getLogger(__name__)
 
 PAYLOAD_FORMAT = "slime.torch_engine.named_tensors.v1"
 BUCKET_FORMAT = "slime.torch_engine.flattened_bucket.v1"
-DEFAULT_TIMEOUT_S = 300.0
 # Checkpoint keys that are derived buffers rather than weights; safetensors files may carry them.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-
-
-# ---- process group ------------------------------------------------------------------------------
-
-
-def create_weight_update_group(
-    master_address: str,
-    master_port: int,
-    rank: int,
-    world_size: int,
-    group_name: str = "weight_update_group",
-    backend: str = "gloo",
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-) -> dist.ProcessGroup:
-    """Join (rank > 0) or host (rank 0) a weight-update group; returns the backend (gloo or nccl) object.
-
-    Same rendezvous as SGLang's engine and trainer side (see the module docstring). Blocks until all
-    `world_size` ranks have joined or `timeout_s` passed (then raises).
-    """
-    timeout = datetime.timedelta(seconds=timeout_s)
-    store = dist.TCPStore(
-        master_address,
-        int(master_port),
-        world_size,
-        is_master=rank == 0,
-        timeout=timeout,
-        multi_tenant=True,
-    )
-    store = dist.PrefixStore(group_name, store)
-    store = dist.PrefixStore(f"{group_name}/", store)
-    if backend == "gloo":
-        group = dist.ProcessGroupGloo(dist.PrefixStore("cpu/", store), rank, world_size, timeout)
-    elif backend == "nccl":
-        if not torch.cuda.is_available():
-            raise RuntimeError("backend nccl needs CUDA; this engine runs on CPU, use backend gloo")
-        options = dist.ProcessGroupNCCL.Options()
-        options._timeout = timeout
-        group = dist.ProcessGroupNCCL(dist.PrefixStore("cuda/", store), rank, world_size, options)
-    else:
-        raise ValueError(f"unsupported weight-update backend {backend!r} (use gloo or nccl)")
-    if hasattr(group, "_set_sequence_number_for_group"):
-        group._set_sequence_number_for_group()  # what torch's helper does after building a backend
-    return group
-
-
-def broadcast_from_rank0(group: dist.ProcessGroup, tensor: torch.Tensor, timeout_s: float) -> None:
-    """Receive (or, on rank 0, send) `tensor` in place; raises if the peer does not show up in time."""
-    options = dist.BroadcastOptions()
-    options.rootRank = 0
-    options.rootTensor = 0
-    options.timeout = datetime.timedelta(seconds=timeout_s)
-    work = group.broadcast([tensor], options)
-    work.wait(datetime.timedelta(seconds=timeout_s))
 
 
 def receive_tensors(

@@ -17,7 +17,7 @@ import time
 import ray
 from tqdm import tqdm
 
-from slime.config import parse_args
+from slime.config import ConfigError, check_implemented, parse_args
 from slime.ray.session import TrainingSession
 from slime.rollout.data_source import DataError
 from slime.utils.memory import PeakMemoryMonitor
@@ -82,8 +82,9 @@ def main() -> None:
     args = parse_args()
     setup_logging(args.log_level)
     try:
+        check_implemented(args)
         train(args)
-    except DataError as error:  # raised while reading the data, before any process started
+    except (ConfigError, DataError) as error:  # raised before any process started
         print(error.line(), file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:

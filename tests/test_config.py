@@ -13,6 +13,7 @@ import pytest
 from slime.config import (
     ConfigError,
     build_parser,
+    check_implemented,
     collect_sglang_args,
     parse_args,
     split_data_path,
@@ -596,3 +597,21 @@ def test_help_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         parse_args(["--help"])
     assert exc.value.code == 0 and "slime: debug:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("extra", "flag"),
+    [
+        (("--advantage-estimator", "ppo"), "--advantage-estimator"),
+        (("--use-tis",), "--use-tis"),
+        (("--kl-coef", "0.1"), "--kl-coef"),
+        ((), "--colocate"),
+    ],
+)
+def test_flags_whose_feature_has_not_landed_are_refused_by_name(
+    hf: str, extra: tuple[str, ...], flag: str
+) -> None:
+    args = parse_args(base(hf, *extra))
+    with pytest.raises(ConfigError) as exc:
+        check_implemented(args)
+    assert exc.value.flag == flag and "not implemented" in exc.value.line()

@@ -12,7 +12,6 @@ import concurrent.futures
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +24,7 @@ import requests
 import torch
 
 from slime.backends.torch_engine.weights import serialize_named_tensors
+from slime.utils.http import free_port
 from slime.weight_sync.process_group import create_weight_update_group
 
 pytestmark = pytest.mark.e2e
@@ -34,14 +34,8 @@ MAX_RUNNING = 4
 DIST_TIMEOUT_S = 3  # a collective whose peer never comes fails after this long (engine env below)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _start_engine(model: Path, *extra: str) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
+    port = free_port()
     # One intra-op thread: the tiny model gains nothing from more, and on a shared 2-core machine spinning
     # OpenMP workers of two processes (engine and test) slow each other down many times over.
     env = {**os.environ, "SLIME_TORCH_ENGINE_DIST_TIMEOUT": str(DIST_TIMEOUT_S), "OMP_NUM_THREADS": "1"}
@@ -419,7 +413,7 @@ def _assert_engine_has(url: str, state: dict[str, torch.Tensor]) -> None:
 
 def test_update_weights_from_distributed(engine, hf, restore_weights):
     model, _ = hf
-    port = _free_port()
+    port = free_port()
     holder: dict = {}
     trainer = threading.Thread(
         target=lambda: holder.update(
@@ -515,7 +509,7 @@ dist.destroy_process_group(pg)
 
 
 def test_weight_group_meets_a_trainer_built_the_sglang_way(engine, restore_weights):
-    port = _free_port()
+    port = free_port()
     trainer = subprocess.Popen(
         [sys.executable, "-c", SGLANG_STYLE_TRAINER, str(port), "sglang_wug"],
         stdin=subprocess.PIPE,

@@ -155,8 +155,15 @@ def test_ctrl_c_stops_every_process_of_the_run(tiny_models, task):
     flags = loop_flags(tiny_models["qwen2"], task)
     flags[flags.index("--num-rollout") + 1] = "100"
     env = {**os.environ, "SLIME_TEST_RUN": tag}
+    # As in a terminal: a test runner started in the background inherits SIGINT ignored, and so
+    # would train.py (Python installs its KeyboardInterrupt handler only where SIGINT is not ignored).
     proc = subprocess.Popen(
-        [sys.executable, "train.py", *flags], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True
+        [sys.executable, "train.py", *flags],
+        cwd=REPO,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         for line in proc.stderr:

@@ -119,7 +119,7 @@ class EngineActor:
     def start(self, timeout_s: float = DEFAULT_START_TIMEOUT_S) -> str:
         """Starts the server and waits until it generates; returns its URL (raises with the log tail)."""
         host = ray.util.get_node_ip_address()
-        port = free_port(host)
+        port = free_port()
         backend = resolve_backend(self.args)
         argv = engine_command(
             self.args, host, port, backend=backend, engine_rank=self.rank, num_gpus=self.num_gpus

@@ -31,7 +31,7 @@ class TrainerActor:
 
     def rendezvous_address(self) -> tuple[str, int]:
         address = ray.util.get_node_ip_address()
-        return address, free_port(address)
+        return address, free_port()
 
     def init(self, master_addr: str, master_port: int) -> int | None:
         """Builds the model from ``--hf-checkpoint``, resumes ``--load``; returns the loaded rollout id."""

@@ -57,11 +57,11 @@ class Router:
 
     def __init__(self, log_dir: str | os.PathLike[str], host: str = "127.0.0.1", log_level: str = "warn"):
         self.host = host
-        self.port = free_port(host)
+        self.port = free_port()
         self.url = f"http://{host}:{self.port}"
         argv = [sys.executable, "-m", "sglang_router.launch_router"]
         argv += ["--host", host, "--port", str(self.port), "--policy", "round_robin"]
-        argv += ["--prometheus-host", host, "--prometheus-port", str(free_port(host))]
+        argv += ["--prometheus-host", host, "--prometheus-port", str(free_port())]
         argv += ["--shutdown-grace-period-secs", str(SHUTDOWN_GRACE_S), "--log-level", log_level]
         self.server = ServerProcess("sglang-router", argv, Path(log_dir) / "router.log", dict(os.environ))
 

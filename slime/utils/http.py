@@ -42,10 +42,14 @@ class ServerStartError(RuntimeError):
     """A server process that exited or never answered; the message ends with the tail of its log."""
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on right now (the server binds it a moment later)."""
+def free_port() -> int:
+    """A TCP port nobody listens on right now, on any address (the server binds it a moment later).
+
+    Probing every interface matters: a port free on the node IP may be taken on 127.0.0.1, and a
+    TCPStore (torch.distributed's rendezvous) listens on all interfaces.
+    """
     with socket.socket() as sock:
-        sock.bind((host, 0))
+        sock.bind(("", 0))
         return sock.getsockname()[1]
 
 

@@ -47,7 +47,7 @@ class DistributedWeightUpdater:
         if not self._is_sender:
             return
         address = ray.util.get_node_ip_address()
-        port = free_port(address)
+        port = free_port()
         world_size = 1 + len(engine_urls) * ranks_per_engine
         backend = distributed_backend()
         payloads = [

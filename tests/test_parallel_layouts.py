@@ -1,0 +1,89 @@
+"""TP=2, PP=2 and TP=2 x PP=2 on CPU with gloo equal a single rank on the same data.
+
+Compared: HF weights as loaded (bit-exact), response log-probs, loss and grad norm of two SFT steps,
+and the HF weights after them (gathered from TP shards and every PP stage).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_megatron_trainer import make_group, sft_data, trainer_args
+
+pytestmark = pytest.mark.e2e
+
+TP2 = ["--tensor-model-parallel-size", "2"]
+PP2 = ["--pipeline-model-parallel-size", "2"]
+LAYOUTS = {"tp2": (2, TP2), "pp2": (2, PP2), "tp2pp2": (4, TP2 + PP2)}
+
+
+def logprob_data():
+    data = sft_data(6, seed=1)
+    data["response_lengths"] = [len(t) - 1 for t in data["tokens"]]
+    data["loss_masks"] = [[1] * n for n in data["response_lengths"]]
+    return data
+
+
+def run_layout(tiny_models, world, extra):
+    """Weights and log-probs as loaded, then two SFT steps' metrics and the weights after them."""
+    from ray.util.placement_group import remove_placement_group
+
+    group, _, pg = make_group(trainer_args(tiny_models["qwen2"], world=world, extra=extra))
+    try:
+        loaded = group.hf_state_dict()
+        log_probs = group.compute_log_probs(logprob_data())
+        metrics = [m for _ in range(2) for m in group.train(sft_data(8))]
+        return {
+            "loaded": loaded,
+            "log_probs": log_probs,
+            "metrics": metrics,
+            "trained": group.hf_state_dict(),
+        }
+    finally:
+        group.shutdown()
+        remove_placement_group(pg)
+
+
+@pytest.fixture(scope="module")
+def single_rank(ray_cluster, tiny_models):
+    return run_layout(tiny_models, 1, [])
+
+
+def differences(ours, ref):
+    """The largest relative metric, absolute log-prob / weight, and relative per-tensor update differences."""
+    metric = {
+        key: max(
+            abs(a[key] - b[key]) / abs(b[key]) for a, b in zip(ours["metrics"], ref["metrics"], strict=True)
+        )
+        for key in ("loss", "grad_norm")
+    }
+    log_probs = max(
+        (a - b).abs().max().item() for a, b in zip(ours["log_probs"], ref["log_probs"], strict=True)
+    )
+    weight, update = 0.0, 0.0
+    for name, tensor in ref["trained"].items():
+        weight = max(weight, (ours["trained"][name] - tensor).abs().max().item())
+        ref_update = tensor - ref["loaded"][name]
+        our_update = ours["trained"][name] - ours["loaded"][name]
+        update = max(update, ((our_update - ref_update).norm() / ref_update.norm()).item())
+    return {**metric, "log_probs": log_probs, "weight": weight, "update": update}
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_layout_equals_single_rank(single_rank, tiny_models, layout):
+    ours = run_layout(tiny_models, *LAYOUTS[layout])
+
+    assert sorted(ours["loaded"]) == sorted(single_rank["loaded"])
+    for name, tensor in single_rank["loaded"].items():
+        assert torch.equal(ours["loaded"][name], tensor), name
+    assert sorted(ours["trained"]) == sorted(single_rank["trained"])
+    assert len(ours["metrics"]) == len(single_rank["metrics"]) == 2
+    assert [a.shape for a in ours["log_probs"]] == [b.shape for b in single_rank["log_probs"]]
+
+    diff = differences(ours, single_rank)
+    assert diff["loss"] <= 1e-5 and diff["grad_norm"] <= 1e-5, diff
+    assert diff["log_probs"] <= 1e-5, diff
+    # Adam's first steps move each weight by about +-lr (1e-3) whatever the gradient's size, so where a
+    # gradient is near zero the summation-order rounding of another layout shows in a few elements.
+    # A wrong shard or a missing gradient reduction would differ by a whole step in many of them.
+    assert diff["weight"] <= 2e-4 and diff["update"] <= 1e-2, diff

@@ -1,4 +1,4 @@
-"""TP=2, PP=2 and TP=2 x PP=2 on CPU with gloo equal a single rank on the same data.
+"""TP=2, PP=2, TP=2 x PP=2 and PP=2 x DP=2 on CPU with gloo equal a single rank on the same data.
 
 Compared: HF weights as loaded (bit-exact), response log-probs, loss and grad norm of two SFT steps,
 and the HF weights after them (gathered from TP shards and every PP stage).
@@ -14,7 +14,8 @@ pytestmark = pytest.mark.e2e
 
 TP2 = ["--tensor-model-parallel-size", "2"]
 PP2 = ["--pipeline-model-parallel-size", "2"]
-LAYOUTS = {"tp2": (2, TP2), "pp2": (2, PP2), "tp2pp2": (4, TP2 + PP2)}
+# (world size, flags); the data-parallel size is what is left of the world.
+LAYOUTS = {"tp2": (2, TP2), "pp2": (2, PP2), "tp2pp2": (4, TP2 + PP2), "pp2dp2": (4, PP2)}
 
 
 def logprob_data():

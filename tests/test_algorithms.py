@@ -1,4 +1,4 @@
-"""Advantages, the PPO clip loss and the KL estimators against values computed by hand."""
+"""Advantages, the policy losses and the KL estimators against values computed by hand."""
 
 from __future__ import annotations
 
@@ -7,9 +7,14 @@ import math
 import pytest
 import torch
 
-from slime.algorithms.advantages import group_normalized_rewards, outcome_advantages
+from slime.algorithms.advantages import (
+    group_normalized_rewards,
+    masked_whiten,
+    outcome_advantages,
+    reinforce_plus_plus_returns,
+)
 from slime.algorithms.kl import kl_estimate
-from slime.algorithms.losses import ppo_clip_loss
+from slime.algorithms.losses import cispo_loss, gspo_loss, ppo_clip_loss, truncated_is_weights
 
 
 def test_grpo_normalises_each_group_by_its_mean_and_unbiased_std():
@@ -62,3 +67,132 @@ def test_low_var_kl_stays_finite_for_extreme_log_ratios():
     logp = torch.tensor([50.0, -50.0])
     value = kl_estimate(logp, torch.zeros(2), "low_var_kl")
     assert torch.isfinite(value).all() and value.abs().max().item() <= 10.0
+
+
+def test_rloo_subtracts_the_mean_of_the_other_samples_of_the_group():
+    adv = outcome_advantages([3.0, 1.0, 2.0, 6.0, 5.0, 5.0, 5.0, 5.0], [1] * 8, 4, "rloo")
+    # 3 - (1+2+6)/3 = 0, 1 - 11/3, 2 - 10/3, 6 - 6/3; the second group is all equal
+    expected = [0.0, 1 - 11 / 3, 2 - 10 / 3, 4.0, 0.0, 0.0, 0.0, 0.0]
+    assert [a.item() for a in adv] == pytest.approx(expected, abs=1e-6)
+
+
+def test_rloo_refuses_groups_of_one():
+    with pytest.raises(ValueError, match="n-samples-per-prompt"):
+        outcome_advantages([1.0, 2.0], [1, 1], 1, "rloo")
+
+
+def test_gspo_and_cispo_advantages_are_grpos():
+    for estimator in ("gspo", "cispo"):
+        adv = outcome_advantages([1.0, 0.0], [2, 1], 2, estimator)
+        expected = 0.5 / math.sqrt(0.5)  # unbiased std of (1, 0)
+        assert torch.cat(adv).tolist() == pytest.approx([expected, expected, -expected], rel=1e-5)
+
+
+def test_reinforce_plus_plus_baseline_whitens_centred_rewards_over_unmasked_tokens():
+    adv = outcome_advantages(
+        [1.0, 0.0, 2.0, 2.0],
+        [1, 2, 1, 1],
+        2,
+        "reinforce_plus_plus_baseline",
+        loss_masks=[[1], [1, 0], [1], [1]],
+    )
+    # tokens (0.5), (-0.5, masked -0.5), (0), (0): unmasked mean 0, unbiased var 0.5 / 3
+    scale = 1 / math.sqrt(0.5 / 3)
+    assert [len(a) for a in adv] == [1, 2, 1, 1]
+    assert torch.cat(adv).tolist() == pytest.approx([0.5 * scale, -0.5 * scale, -0.5 * scale, 0, 0], rel=1e-5)
+
+
+def test_masked_whiten_uses_the_moments_summed_over_ranks():
+    values, masks = [torch.tensor([1.0, 2.0, 7.0])], [torch.tensor([1.0, 1.0, 0.0])]
+    # a second rank holding the same share: reduce doubles the moments
+    sharded = masked_whiten(values, masks, reduce=lambda m: 2 * m)[0]
+    whole = masked_whiten(values * 2, masks * 2)[0]
+    assert sharded.tolist() == pytest.approx(whole.tolist())
+    # unmasked tokens 1, 2, 1, 2: mean 1.5, unbiased var 1/3; the masked 7 is shifted alike
+    assert sharded.tolist() == pytest.approx([(v - 1.5) * math.sqrt(3) for v in (1, 2, 7)], rel=1e-5)
+
+
+def test_reinforce_plus_plus_returns_discount_kl_penalties_and_the_outcome():
+    returns = reinforce_plus_plus_returns(
+        1.0,
+        log_probs=torch.tensor([-1.0, -1.0, -2.0]),
+        ref_log_probs=torch.tensor([-1.5, -1.0, -1.0]),
+        loss_mask=torch.tensor([1.0, 1.0, 0.0]),
+        kl_coef=0.1,
+        gamma=0.5,
+    )
+    # k1 = (0.5, 0, -1); rewards (-0.05, 0 + outcome 1 on the last unmasked token, masked 0)
+    assert returns.tolist() == pytest.approx([-0.05 + 0.5 * 1.0, 1.0, 0.0])
+
+
+def test_reinforce_plus_plus_returns_without_kl_are_the_discounted_outcome():
+    zeros = torch.zeros(3)
+    returns = reinforce_plus_plus_returns(2.0, zeros, zeros, torch.ones(3), kl_coef=0.0, gamma=0.9)
+    assert returns.tolist() == pytest.approx([2.0 * 0.81, 2.0 * 0.9, 2.0])
+
+
+def test_dual_clip_caps_the_loss_of_negative_advantages_at_c():
+    old = torch.zeros(3)
+    new = torch.log(torch.tensor([4.0, 4.0, 0.5]))
+    adv = torch.tensor([-1.0, 1.0, -1.0])
+    loss, clipped, _ = ppo_clip_loss(new, old, adv, 0.2, 0.2, eps_clip_c=3.0)
+    # ratio 4, A<0: PPO gives 4, capped at -c·A = 3; A>0 clips to -1.2; ratio 0.5, A<0: 0.8 < 3
+    assert loss.tolist() == pytest.approx([3.0, -1.2, 0.8])
+    assert clipped.tolist() == [1.0, 1.0, 1.0]
+    plain, _, _ = ppo_clip_loss(new, old, adv, 0.2, 0.2)
+    assert plain.tolist() == pytest.approx([4.0, -1.2, 0.8])
+
+
+def test_gspo_on_policy_has_zero_kl_and_no_clipping():
+    logp = torch.tensor([-1.0, -2.0])
+    loss, clipped, kl = gspo_loss(logp, logp.clone(), torch.tensor([2.0, 2.0]), torch.ones(2), 0.2, 0.28)
+    assert loss.tolist() == pytest.approx([-2.0, -2.0])
+    assert clipped.sum().item() == 0 and kl.abs().max().item() == 0
+
+
+def test_gspo_clips_the_sequence_ratio_over_unmasked_tokens_only():
+    old = torch.zeros(3)
+    new = torch.log(torch.tensor([2.0, 1.0, 100.0]))  # the masked third token must not count
+    mask = torch.tensor([1.0, 1.0, 0.0])
+    s = math.sqrt(2.0)  # exp(mean(ln 2, 0))
+    loss, clipped, kl = gspo_loss(new, old, torch.ones(3), mask, 0.2, 0.28)
+    assert loss.tolist() == pytest.approx([-1.28] * 3) and clipped.tolist() == [1.0] * 3
+    assert kl.tolist() == pytest.approx([-math.log(s)] * 3)
+    loss, clipped, _ = gspo_loss(new, old, -torch.ones(3), mask, 0.2, 0.28)
+    assert loss.tolist() == pytest.approx([s] * 3) and clipped.sum().item() == 0
+    loss, _, _ = gspo_loss(new, old, -torch.ones(3), mask, 0.2, 0.28, eps_clip_c=1.3)
+    assert loss.tolist() == pytest.approx([1.3] * 3)
+
+
+def test_gspo_token_gradient_is_the_sequence_ratio_times_grad_log_prob():
+    new = torch.log(torch.tensor([2.0, 1.0, 3.0])).requires_grad_()
+    mask = torch.tensor([1.0, 1.0, 0.0])
+    loss, _, _ = gspo_loss(new, torch.zeros(3), -torch.ones(3), mask, 0.2, 0.28)
+    (loss * mask).sum().backward()
+    # unclipped, A = -1: loss_t = s_t, d s_t / d log π_t = sg(s) = sqrt(2); no cross-token gradient
+    assert new.grad.tolist() == pytest.approx([math.sqrt(2.0), math.sqrt(2.0), 0.0])
+
+
+def test_cispo_detaches_the_clipped_ratio_and_keeps_every_token_s_gradient():
+    new = torch.log(torch.tensor([1.5, 0.5, 1.1])).requires_grad_()
+    adv = torch.tensor([1.0, 1.0, -1.0])
+    loss, clipped, _ = cispo_loss(new, torch.zeros(3), adv, 0.2, 0.28)
+    # weights clip(1.5) = 1.28, clip(0.5) = 0.8, 1.1 unclipped; loss = -w · A · log π
+    expected = [-1.28 * math.log(1.5), -0.8 * math.log(0.5), 1.1 * math.log(1.1)]
+    assert loss.tolist() == pytest.approx(expected, rel=1e-5)
+    assert clipped.tolist() == [1.0, 1.0, 0.0]
+    loss.sum().backward()
+    assert new.grad.tolist() == pytest.approx([-1.28, -0.8, 1.1], rel=1e-5)
+
+
+def test_cispo_on_policy_clips_nothing():
+    logp = torch.tensor([-1.0, -3.0])
+    _, clipped, kl = cispo_loss(logp, logp.clone(), torch.ones(2), 0.2, 0.28)
+    assert clipped.sum().item() == 0 and kl.abs().max().item() == 0
+
+
+def test_truncated_is_weights_clamp_the_old_over_rollout_ratio():
+    rollout = torch.tensor([-math.log(3.0), math.log(2.0), 0.0])  # ratios 3, 0.5, 1
+    weights, clipped = truncated_is_weights(torch.zeros(3), rollout, clip_low=0.6, clip_high=2.0)
+    assert weights.tolist() == pytest.approx([2.0, 0.6, 1.0])
+    assert clipped.tolist() == [1.0, 1.0, 0.0]

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Sequence
+
 import torch
+
+from slime.algorithms.kl import kl_estimate
 
 
 def group_normalized_rewards(
@@ -30,24 +35,105 @@ def broadcast_to_tokens(per_sample: torch.Tensor, response_lengths: list[int]) -
     ]
 
 
+def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """RLOO (Ahmadian et al. 2024): each reward minus the mean of the *other* rewards of its group.
+
+    ``r_i - mean_{j≠i} r_j = G/(G-1) · (r_i - mean_j r_j)``; needs groups of at least two samples.
+    """
+    if group_size < 2:
+        raise ValueError("rloo needs --n-samples-per-prompt >= 2 (a leave-one-out baseline)")
+    return group_normalized_rewards(rewards, group_size, normalize_std=False) * (
+        group_size / (group_size - 1)
+    )
+
+
+Reduce = Callable[[torch.Tensor], torch.Tensor]
+"""Sums a tensor over every holder of a share of the batch (identity when one process holds it all)."""
+
+
+def _no_reduce(value: torch.Tensor) -> torch.Tensor:
+    return value
+
+
+def masked_whiten(
+    values: Sequence[torch.Tensor],
+    masks: Sequence[torch.Tensor],
+    reduce: Reduce = _no_reduce,
+    eps: float = 1e-8,
+) -> list[torch.Tensor]:
+    """``(x - mean) / sqrt(var + eps)`` with mean and unbiased variance over every unmasked token.
+
+    ``reduce`` sums the moments ``(Σ m·x, Σ m·x², Σ m)`` over data-parallel ranks, so that every rank
+    whitens its share with the statistics of the whole batch.
+    """
+    moments = torch.zeros(3, dtype=torch.float64)
+    for value, mask in zip(values, masks, strict=True):
+        value, mask = value.double(), mask.double()
+        moments += torch.stack([(value * mask).sum(), (value.square() * mask).sum(), mask.sum()])
+    total, square_total, count = reduce(moments).tolist()
+    if count < 2:
+        raise ValueError(f"whitening needs at least 2 unmasked tokens, got {int(count)}")
+    mean = total / count
+    var = (square_total - count * mean * mean) / (count - 1)
+    scale = 1.0 / math.sqrt(max(var, 0.0) + eps)
+    return [((value.float() - mean) * scale).float() for value in values]
+
+
+def reinforce_plus_plus_returns(
+    reward: float,
+    log_probs: torch.Tensor,
+    ref_log_probs: torch.Tensor,
+    loss_mask: torch.Tensor,
+    kl_coef: float,
+    gamma: float,
+) -> torch.Tensor:
+    """REINFORCE++ (Hu 2025) discounted returns of one response, before whitening.
+
+    Token reward ``-kl_coef · k1(log π - log π_ref)`` on unmasked tokens, plus the outcome reward on the
+    last unmasked token; ``G_t = r_t + γ · G_{t+1}``.
+    """
+    mask = loss_mask.float()
+    token_rewards = -kl_coef * kl_estimate(log_probs, ref_log_probs, "k1") * mask
+    unmasked = mask.nonzero()
+    last = int(unmasked[-1]) if len(unmasked) else len(mask) - 1
+    token_rewards[last] += reward
+    returns = torch.empty_like(token_rewards)
+    running = 0.0
+    for t in range(len(token_rewards) - 1, -1, -1):
+        running = token_rewards[t] + gamma * running
+        returns[t] = running
+    return returns
+
+
 def outcome_advantages(
     rewards: list[float],
     response_lengths: list[int],
     group_size: int,
     estimator: str,
     normalize_std: bool = True,
+    loss_masks: Sequence[Sequence[int]] | None = None,
 ) -> list[torch.Tensor]:
     """Per-token advantages for the outcome-reward estimators, one tensor per sample.
 
-    ``grpo``: group-normalised rewards (std normalisation unless disabled); ``dr_grpo``: group-centred
-    rewards without std normalisation (Liu et al. 2025, pair it with ``--loss-agg-mode
-    seq_mean_token_sum``).
+    ``grpo`` / ``gspo`` / ``cispo``: group-normalised rewards (std normalisation unless disabled);
+    ``dr_grpo``: group-centred rewards without std normalisation (Liu et al. 2025, pair it with
+    ``--loss-agg-mode seq_mean_token_sum``); ``rloo``: leave-one-out baseline;
+    ``reinforce_plus_plus_baseline``: group-centred rewards whitened over every unmasked token of the
+    batch (needs ``loss_masks``).
     """
     values = torch.tensor(rewards, dtype=torch.float32)
-    if estimator == "grpo":
+    if estimator in ("grpo", "gspo", "cispo"):
         per_sample = group_normalized_rewards(values, group_size, normalize_std)
     elif estimator == "dr_grpo":
         per_sample = group_normalized_rewards(values, group_size, normalize_std=False)
+    elif estimator == "rloo":
+        per_sample = rloo_advantages(values, group_size)
+    elif estimator == "reinforce_plus_plus_baseline":
+        if loss_masks is None:
+            raise ValueError("reinforce_plus_plus_baseline whitens over tokens: pass loss_masks")
+        centered = group_normalized_rewards(values, group_size, normalize_std=False)
+        masks = [torch.as_tensor(m, dtype=torch.float32) for m in loss_masks]
+        return masked_whiten(broadcast_to_tokens(centered, response_lengths), masks)
     else:
-        raise ValueError(f"--advantage-estimator {estimator} is not implemented yet; use grpo or dr_grpo")
+        raise ValueError(f"--advantage-estimator {estimator} is not an outcome-reward estimator")
     return broadcast_to_tokens(per_sample, response_lengths)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 
 import pytest
@@ -11,10 +12,14 @@ from slime.algorithms.advantages import (
     group_normalized_rewards,
     masked_whiten,
     outcome_advantages,
+    reinforce_plus_plus_advantages,
     reinforce_plus_plus_returns,
 )
 from slime.algorithms.kl import kl_estimate
 from slime.algorithms.losses import cispo_loss, gspo_loss, ppo_clip_loss, truncated_is_weights
+from slime.backends.megatron.batching import MicroBatch
+from slime.backends.megatron.loss import make_policy_loss_fn
+from slime.config.validate import ConfigError, check_implemented
 
 
 def test_grpo_normalises_each_group_by_its_mean_and_unbiased_std():
@@ -196,3 +201,88 @@ def test_truncated_is_weights_clamp_the_old_over_rollout_ratio():
     weights, clipped = truncated_is_weights(torch.zeros(3), rollout, clip_low=0.6, clip_high=2.0)
     assert weights.tolist() == pytest.approx([2.0, 0.6, 1.0])
     assert clipped.tolist() == [1.0, 1.0, 0.0]
+
+
+def test_reinforce_plus_plus_advantages_whiten_the_returns_of_the_batch():
+    log_probs = [torch.tensor([-1.0, -1.0]), torch.tensor([-2.0])]
+    ref = [torch.tensor([-1.5, -1.0]), torch.tensor([-2.0])]
+    adv = reinforce_plus_plus_advantages([1.0, 0.0], log_probs, ref, [[1, 1], [1]], kl_coef=0.1, gamma=1.0)
+    # returns: sample 1 rewards (-0.05, 1) -> (0.95, 1); sample 2 -> (0); mean 0.65, unbiased var
+    # ((0.3)² + (0.35)² + (0.65)²) / 2
+    mean, var = 0.65, (0.3**2 + 0.35**2 + 0.65**2) / 2
+    expected = [(v - mean) / math.sqrt(var) for v in (0.95, 1.0, 0.0)]
+    assert torch.cat(adv).tolist() == pytest.approx(expected, rel=1e-5)
+    with pytest.raises(ValueError, match="ref_log_probs"):
+        reinforce_plus_plus_advantages([1.0], log_probs[:1], None, [[1, 1]], kl_coef=0.1, gamma=1.0)
+
+
+def _policy_args(**overrides) -> argparse.Namespace:
+    defaults = dict(
+        advantage_estimator="grpo",
+        eps_clip=0.2,
+        eps_clip_high=0.28,
+        eps_clip_c=None,
+        use_tis=False,
+        tis_clip=2.0,
+        tis_clip_low=0.0,
+        entropy_coef=0.0,
+        use_kl_loss=False,
+    )
+    return argparse.Namespace(**{**defaults, **overrides})
+
+
+def _micro_batch(**samples) -> MicroBatch:
+    lengths = [len(m) for m in samples["loss_masks"]]
+    samples["loss_weights"] = [1.0 / sum(sum(m) for m in samples["loss_masks"])] * len(lengths)
+    return MicroBatch(torch.zeros(1), torch.zeros(1), lengths, lengths, samples)
+
+
+def test_policy_loss_dispatches_gspo_by_estimator():
+    batch = _micro_batch(
+        loss_masks=[[1, 1, 0]], advantages=[[1.0, 1.0, 1.0]], old_log_probs=[[0.0, 0.0, 0.0]]
+    )
+    log_probs = [torch.log(torch.tensor([2.0, 1.0, 100.0]))]
+    loss, metrics = make_policy_loss_fn(_policy_args(advantage_estimator="gspo"))(batch, log_probs, None)
+    # sequence ratio sqrt(2) clipped to 1.28 on both unmasked tokens; token-mean weight 1/2
+    assert loss.item() == pytest.approx(-1.28) and metrics["pg_clipfrac"].item() == pytest.approx(1.0)
+    ppo_loss, _ = make_policy_loss_fn(_policy_args())(batch, log_probs, None)
+    assert ppo_loss.item() == pytest.approx(-(1.28 + 1.0) / 2)
+
+
+def test_policy_loss_multiplies_token_losses_by_truncated_is_weights():
+    batch = _micro_batch(
+        loss_masks=[[1, 1]],
+        advantages=[[1.0, 1.0]],
+        old_log_probs=[[0.0, 0.0]],
+        rollout_log_probs=[[-math.log(3.0), 0.0]],  # TIS weights clamp(3) = 2 and 1
+    )
+    log_probs = [torch.zeros(2)]  # on-policy: ppo loss -A = -1 per token
+    loss, metrics = make_policy_loss_fn(_policy_args(use_tis=True))(batch, log_probs, None)
+    assert loss.item() == pytest.approx(-(2.0 + 1.0) / 2)
+    assert metrics["tis_clipfrac"].item() == pytest.approx(0.5) and metrics["pg_clipfrac"].item() == 0
+    cispo, _ = make_policy_loss_fn(_policy_args(advantage_estimator="cispo"))(batch, log_probs, None)
+    assert cispo.item() == 0.0  # -w · A · log π with log π = 0
+
+
+def test_estimator_flags_that_landed_pass_the_not_yet_implemented_check():
+    base = dict(
+        loss_type="policy_loss",
+        custom_loss_function_path=None,
+        custom_advantage_function_path=None,
+        use_rollout_logprobs=False,
+        ref_load=None,
+        colocate=False,
+        use_kl_loss=False,
+        kl_coef=0.0,
+        use_tis=False,
+        eps_clip_c=None,
+    )
+    for estimator in ("gspo", "cispo", "rloo", "reinforce_plus_plus_baseline", "reinforce_plus_plus"):
+        check_implemented(argparse.Namespace(**{**base, "advantage_estimator": estimator}))
+    check_implemented(argparse.Namespace(**{**base, "advantage_estimator": "grpo", "use_tis": True}))
+    check_implemented(argparse.Namespace(**{**base, "advantage_estimator": "grpo", "eps_clip_c": 3.0}))
+    shaped = {**base, "advantage_estimator": "reinforce_plus_plus", "kl_coef": 0.1}
+    check_implemented(argparse.Namespace(**{**shaped, "use_kl_loss": True}))
+    for refused in ({**shaped, "use_kl_loss": False}, {**base, "advantage_estimator": "ppo"}):
+        with pytest.raises(ConfigError):
+            check_implemented(argparse.Namespace(**refused))

@@ -603,7 +603,7 @@ def test_help_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
     ("extra", "flag"),
     [
         (("--advantage-estimator", "ppo"), "--advantage-estimator"),
-        (("--use-tis",), "--use-tis"),
+        (("--use-rollout-logprobs",), "--use-rollout-logprobs"),
         (("--kl-coef", "0.1"), "--kl-coef"),
         ((), "--colocate"),
     ],

@@ -137,3 +137,33 @@ def outcome_advantages(
     else:
         raise ValueError(f"--advantage-estimator {estimator} is not an outcome-reward estimator")
     return broadcast_to_tokens(per_sample, response_lengths)
+
+
+TOKEN_LEVEL_ESTIMATORS = ("reinforce_plus_plus",)
+"""Estimators whose advantages need the policy's (and reference's) per-token log-probs."""
+
+
+def reinforce_plus_plus_advantages(
+    rewards: Sequence[float],
+    log_probs: Sequence[torch.Tensor],
+    ref_log_probs: Sequence[torch.Tensor] | None,
+    loss_masks: Sequence[Sequence[int]],
+    kl_coef: float,
+    gamma: float,
+    reduce: Reduce = _no_reduce,
+) -> list[torch.Tensor]:
+    """REINFORCE++ advantages: discounted returns of each response, whitened over every unmasked token
+    of the batch (``reduce`` sums the whitening moments over the ranks sharing the batch).
+
+    ``ref_log_probs`` may be None only with ``kl_coef == 0`` (no KL shaping).
+    """
+    if ref_log_probs is None:
+        if kl_coef:
+            raise ValueError("--kl-coef shapes the reward with KL to the reference: ref_log_probs are needed")
+        ref_log_probs = log_probs
+    masks = [torch.as_tensor(m, dtype=torch.float32) for m in loss_masks]
+    returns = [
+        reinforce_plus_plus_returns(float(r), lp.float(), ref.float(), m, kl_coef, gamma)
+        for r, lp, ref, m in zip(rewards, log_probs, ref_log_probs, masks, strict=True)
+    ]
+    return masked_whiten(returns, masks, reduce)

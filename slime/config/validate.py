@@ -414,16 +414,20 @@ def _check_parallelism(args: argparse.Namespace) -> None:
 _NOT_YET_IMPLEMENTED = (
     (
         "--advantage-estimator",
-        lambda a: a.advantage_estimator not in ("grpo", "dr_grpo"),
-        "use grpo or dr_grpo",
+        lambda a: a.advantage_estimator == "ppo",
+        "ppo needs a critic; use grpo, dr_grpo, gspo, cispo, rloo or reinforce_plus_plus(_baseline)",
     ),
     ("--loss-type", lambda a: a.loss_type == "custom_loss", "use policy_loss or sft_loss"),
     ("--custom-loss-function-path", lambda a: a.custom_loss_function_path is not None, "drop it"),
     ("--custom-advantage-function-path", lambda a: a.custom_advantage_function_path is not None, "drop it"),
-    ("--eps-clip-c", lambda a: a.eps_clip_c is not None, "drop it (dual clip)"),
-    ("--use-tis", lambda a: a.use_tis, "drop it"),
     ("--use-rollout-logprobs", lambda a: a.use_rollout_logprobs, "drop it"),
-    ("--kl-coef", lambda a: a.kl_coef != 0.0, "use --use-kl-loss --kl-loss-coef instead"),
+    (
+        "--kl-coef",
+        # Reward shaping is reinforce_plus_plus's; the reference log-probs come with --use-kl-loss.
+        lambda a: a.kl_coef != 0.0 and not (a.advantage_estimator == "reinforce_plus_plus" and a.use_kl_loss),
+        "only with --advantage-estimator reinforce_plus_plus --use-kl-loss (--kl-loss-coef 0 keeps the "
+        "loss term off); otherwise use --use-kl-loss --kl-loss-coef",
+    ),
     ("--ref-load", lambda a: a.ref_load is not None, "drop it (the reference is --hf-checkpoint)"),
     ("--colocate", lambda a: a.colocate, "run disaggregated: --rollout-num-gpus N"),
 )

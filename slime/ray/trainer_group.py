@@ -56,27 +56,67 @@ class TrainerActor:
 
     def train(self, data: TrainData) -> list[dict[str, float]]:
         """``--num-steps-per-rollout`` optimizer steps over one rollout; metrics of every step."""
+        return [self.trainer.train_step(shard) for shard in self._step_shards(data)]
+
+    def _step_shards(self, data: TrainData) -> list[TrainData]:
+        """This rank's shard of every optimizer step, with the policy loss's inputs when it needs them.
+
+        Outcome-reward advantages are computed over the whole rollout (groups may straddle shards);
+        token-level ones (``reinforce_plus_plus``) after ``add_policy_inputs``, from the old and reference
+        log-probs, whitened with moments summed over the data-parallel ranks.
+        """
         from megatron.core import parallel_state as mpu
 
-        from slime.algorithms.advantages import outcome_advantages
+        from slime.algorithms import advantages as adv
         from slime.ray.train_data import step_shard
 
         args = self.args
-        if args.loss_type == "policy_loss":
-            advantages = outcome_advantages(
+        policy = args.loss_type == "policy_loss"
+        token_level = args.advantage_estimator in adv.TOKEN_LEVEL_ESTIMATORS
+        if policy and not token_level:
+            advantages = adv.outcome_advantages(
                 data["rewards"],
                 data["response_lengths"],
                 args.n_samples_per_prompt,
                 args.advantage_estimator,
                 normalize_std=not args.disable_grpo_std_normalization,
+                loss_masks=data["loss_masks"],
             )
             data = {**data, "advantages": advantages}
         dp_rank, dp_size = mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size()
         steps = args.num_steps_per_rollout
         shards = [step_shard(data, s, steps, dp_rank, dp_size, args.loss_agg_mode) for s in range(steps)]
-        if args.loss_type == "policy_loss":
-            self.trainer.add_policy_inputs(shards)
-        return [self.trainer.train_step(shard) for shard in shards]
+        if not policy:
+            return shards
+        self.trainer.add_policy_inputs(shards)
+        # Only the last pipeline stage has log-probs, and only it computes the loss.
+        if token_level and "old_log_probs" in shards[0]:
+            keys = ("rewards", "old_log_probs", "ref_log_probs", "loss_masks")
+            merged = {k: [v for shard in shards for v in shard[k]] for k in keys if k in shards[0]}
+            advantages = adv.reinforce_plus_plus_advantages(
+                merged["rewards"],
+                merged["old_log_probs"],
+                merged.get("ref_log_probs"),
+                merged["loss_masks"],
+                args.kl_coef,
+                args.gamma,
+                reduce=self._sum_over_data_parallel,
+            )
+            remaining = iter(advantages)
+            for shard in shards:
+                shard["advantages"] = [next(remaining) for _ in shard["tokens"]]
+        return shards
+
+    def _sum_over_data_parallel(self, value: Any) -> Any:
+        import torch.distributed as dist
+        from megatron.core import parallel_state as mpu
+
+        group = mpu.get_data_parallel_group()
+        if dist.get_world_size(group) == 1:
+            return value
+        value = value.to(self.trainer.device)
+        dist.all_reduce(value, group=group)
+        return value.cpu()
 
     def hf_state_dict(self) -> dict | None:
         return self.trainer.hf_state_dict()
@@ -153,9 +193,14 @@ class TrainerGroup:
         self._call("connect_engines", engine_urls, ranks_per_engine)
 
     def update_weights(self, weight_version: str) -> dict[str, float]:
-        """Pushes the current weights to every engine; returns the sending rank's timing."""
-        results = self._call("update_weights", weight_version)
-        return next((r for r in results if r), {})
+        """Pushes the current weights to every engine; bytes summed over the senders (one per PP stage)."""
+        results = [r for r in self._call("update_weights", weight_version) if r]
+        if not results:
+            return {}
+        return {
+            "update_weights_bytes": sum(r["update_weights_bytes"] for r in results),
+            "update_weights_time": max(r["update_weights_time"] for r in results),
+        }
 
     def shutdown(self) -> None:
         """Closes the process groups and kills the actors; safe to call twice."""

@@ -14,7 +14,7 @@ import torch
 
 from slime.algorithms.aggregation import weighted_token_sum
 from slime.algorithms.kl import kl_estimate
-from slime.algorithms.losses import ppo_clip_loss, sft_loss
+from slime.algorithms.losses import cispo_loss, gspo_loss, ppo_clip_loss, sft_loss, truncated_is_weights
 from slime.backends.megatron.batching import MicroBatch
 
 LossFn = Callable[[MicroBatch, list[torch.Tensor], list[torch.Tensor] | None], tuple[torch.Tensor, dict]]
@@ -30,10 +30,23 @@ def sft_loss_fn(batch: MicroBatch, log_probs: list[torch.Tensor], entropy: list[
     return sft_loss(log_probs, masks, weights), metrics
 
 
+def policy_token_losses(args: argparse.Namespace) -> Callable[..., tuple]:
+    """The per-sample policy loss of ``--advantage-estimator``: ``(log_probs, old, advantages, mask)``
+    to ``(loss, clipped, approx_kl)`` per token (``slime.algorithms.losses``)."""
+    low, high, dual = args.eps_clip, args.eps_clip_high, args.eps_clip_c
+    if args.advantage_estimator == "gspo":
+        return lambda lp, old, adv, mask: gspo_loss(lp, old, adv, mask, low, high, dual)
+    if args.advantage_estimator == "cispo":
+        return lambda lp, old, adv, mask: cispo_loss(lp, old, adv, low, high)
+    return lambda lp, old, adv, mask: ppo_clip_loss(lp, old, adv, low, high, dual)
+
+
 def make_policy_loss_fn(args: argparse.Namespace) -> LossFn:
-    """PPO-clip policy loss with optional KL-to-reference and entropy terms (GRPO when advantages are
-    group-normalised rewards). Needs per-sample ``advantages`` and ``old_log_probs``; ``ref_log_probs``
-    with ``--use-kl-loss``; ``rollout_log_probs`` (the engine's) feed the mismatch metric."""
+    """Clipped policy loss (PPO / dual-clip PPO, GSPO or CISPO by ``--advantage-estimator``) with optional
+    truncated importance sampling, KL-to-reference and entropy terms. Needs per-sample ``advantages``
+    and ``old_log_probs``; ``ref_log_probs`` with ``--use-kl-loss``; ``rollout_log_probs`` (the
+    engine's) with ``--use-tis``, and otherwise only for the mismatch metric."""
+    token_losses = policy_token_losses(args)
 
     def policy_loss_fn(batch: MicroBatch, log_probs: list[torch.Tensor], entropy: list[torch.Tensor] | None):
         device = log_probs[0].device
@@ -42,15 +55,27 @@ def make_policy_loss_fn(args: argparse.Namespace) -> LossFn:
         advantages = batch.per_sample("advantages", device)
         old = batch.per_sample("old_log_probs", device)
         parts = [
-            ppo_clip_loss(lp, o, a, args.eps_clip, args.eps_clip_high)
-            for lp, o, a in zip(log_probs, old, advantages, strict=True)
+            token_losses(lp, o, a, m) for lp, o, a, m in zip(log_probs, old, advantages, masks, strict=True)
         ]
-        pg_loss = weighted_token_sum([p[0] for p in parts], masks, weights)
-        metrics = {
-            "pg_loss": pg_loss.detach(),
-            "pg_clipfrac": weighted_token_sum([p[1] for p in parts], masks, weights),
-            "ppo_kl": weighted_token_sum([p[2] for p in parts], masks, weights),
-        }
+        token_loss = [p[0] for p in parts]
+        metrics = {}
+        if args.use_tis:
+            if "rollout_log_probs" not in batch.samples:
+                raise KeyError("--use-tis needs the engine's rollout_log_probs in the train data")
+            rollout = batch.per_sample("rollout_log_probs", device)
+            tis = [
+                truncated_is_weights(o, r, args.tis_clip_low, args.tis_clip)
+                for o, r in zip(old, rollout, strict=True)
+            ]
+            token_loss = [loss * w for loss, (w, _) in zip(token_loss, tis, strict=True)]
+            metrics["tis"] = weighted_token_sum([w for w, _ in tis], masks, weights)
+            metrics["tis_clipfrac"] = weighted_token_sum([c for _, c in tis], masks, weights)
+        pg_loss = weighted_token_sum(token_loss, masks, weights)
+        metrics.update(
+            pg_loss=pg_loss.detach(),
+            pg_clipfrac=weighted_token_sum([p[1] for p in parts], masks, weights),
+            ppo_kl=weighted_token_sum([p[2] for p in parts], masks, weights),
+        )
         loss = pg_loss
         if entropy is not None:
             entropy_mean = weighted_token_sum(entropy, masks, weights)

@@ -121,3 +121,11 @@ def test_vocab_padding_round_trips_and_tied_output_is_not_exported_twice():
 def test_unknown_architecture_lists_supported_ones():
     with pytest.raises(ValueError, match="llama, qwen2, qwen3"):
         get_converter("gpt2", shape=shape())
+
+
+def test_weight_buckets_respect_the_byte_budget_and_keep_order():
+    from slime.weight_sync.bucketing import iter_buckets
+
+    tensors = [(f"t{i}", torch.zeros(n, dtype=torch.float32)) for i, n in enumerate([10, 10, 30, 5, 1])]
+    buckets = list(iter_buckets(tensors, max_bytes=80))  # 20 floats per bucket; t2 (30) travels alone
+    assert [[name for name, _ in b] for b in buckets] == [["t0", "t1"], ["t2"], ["t3", "t4"]]

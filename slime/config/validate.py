@@ -417,9 +417,6 @@ _NOT_YET_IMPLEMENTED = (
         lambda a: a.advantage_estimator == "ppo",
         "ppo needs a critic; use grpo, dr_grpo, gspo, cispo, rloo or reinforce_plus_plus(_baseline)",
     ),
-    ("--loss-type", lambda a: a.loss_type == "custom_loss", "use policy_loss or sft_loss"),
-    ("--custom-loss-function-path", lambda a: a.custom_loss_function_path is not None, "drop it"),
-    ("--custom-advantage-function-path", lambda a: a.custom_advantage_function_path is not None, "drop it"),
     ("--use-rollout-logprobs", lambda a: a.use_rollout_logprobs, "drop it"),
     (
         "--kl-coef",

@@ -61,7 +61,9 @@ class TrainerActor:
     def _step_shards(self, data: TrainData) -> list[TrainData]:
         """This rank's shard of every optimizer step, with the policy loss's inputs when it needs them.
 
-        Outcome-reward advantages are computed over the whole rollout (groups may straddle shards);
+        Outcome-reward advantages are computed over the whole rollout (groups may straddle shards), as
+        are ``--custom-advantage-function-path``'s (``fn(args, data)``: one list of per-token floats per
+        sample, used instead of the built-in estimator);
         token-level ones (``reinforce_plus_plus``) after ``add_policy_inputs``, from the old and reference
         log-probs, whitened with moments summed over the data-parallel ranks.
         """
@@ -71,9 +73,25 @@ class TrainerActor:
         from slime.ray.train_data import step_shard
 
         args = self.args
-        policy = args.loss_type == "policy_loss"
-        token_level = args.advantage_estimator in adv.TOKEN_LEVEL_ESTIMATORS
-        if policy and not token_level:
+        # A custom loss gets the policy loss's inputs (advantages, old/ref log-probs) too.
+        policy = args.loss_type in ("policy_loss", "custom_loss")
+        custom = args.custom_advantage_function_path is not None
+        token_level = not custom and args.advantage_estimator in adv.TOKEN_LEVEL_ESTIMATORS
+        if policy and custom:
+            fn = getattr(self, "_custom_advantage_fn", None)  # loaded once per actor
+            if fn is None:
+                from slime.rollout.sglang_rollout import load_function
+
+                fn = self._custom_advantage_fn = load_function(args.custom_advantage_function_path)
+            advantages = [[float(x) for x in a] for a in fn(args, data)]
+            lengths = [len(m) for m in data["loss_masks"]]
+            if [len(a) for a in advantages] != lengths:
+                raise ValueError(
+                    f"{args.custom_advantage_function_path} returned advantages of lengths "
+                    f"{[len(a) for a in advantages]}; expected one per response token: {lengths}"
+                )
+            data = {**data, "advantages": advantages}
+        elif policy and not token_level:
             advantages = adv.outcome_advantages(
                 data["rewards"],
                 data["response_lengths"],

@@ -3,6 +3,20 @@
 A loss function sees one micro-batch and the per-sample response log-probs (and entropy) the model
 produced for it, and returns its share of the global loss plus metric shares aggregated the same
 way (so that summing over micro-batches and data-parallel ranks gives global values).
+
+``--loss-type custom_loss --custom-loss-function-path module.fn`` plugs in
+``fn(args, batch, log_probs, entropy) -> (loss, metrics)``, loaded once per trainer actor:
+
+* ``batch`` is a :class:`~slime.backends.megatron.batching.MicroBatch`; ``batch.per_sample(key, device)``
+  gives one tensor per sample for ``loss_masks``, ``advantages``, ``old_log_probs``, ``ref_log_probs``
+  (with ``--use-kl-loss``), ``rollout_log_probs`` (when the rollout has them) and ``rewards``;
+  ``batch.samples["loss_weights"]`` are the per-sample aggregation weights.
+* ``log_probs`` / ``entropy``: one 1-D tensor per sample over its response tokens (``entropy`` may be None).
+* ``loss`` (a scalar tensor with grad) and every ``metrics`` value (scalar tensors) must be this
+  micro-batch's *share* of the global aggregate, i.e. built with
+  ``slime.algorithms.aggregation.weighted_token_sum(values, masks, batch.samples["loss_weights"])``,
+  so that summing over micro-batches and data-parallel ranks gives the global value under
+  ``--loss-agg-mode``. See ``examples/custom_loss/custom_loss.py``.
 """
 
 from __future__ import annotations
@@ -97,7 +111,21 @@ def make_policy_loss_fn(args: argparse.Namespace) -> LossFn:
     return policy_loss_fn
 
 
+def make_custom_loss_fn(args: argparse.Namespace) -> LossFn:
+    """``--custom-loss-function-path`` bound to ``args`` (see the module docstring for the contract)."""
+    from slime.rollout.sglang_rollout import load_function
+
+    fn = load_function(args.custom_loss_function_path)
+
+    def custom_loss_fn(batch: MicroBatch, log_probs: list[torch.Tensor], entropy: list[torch.Tensor] | None):
+        return fn(args, batch, log_probs, entropy)
+
+    return custom_loss_fn
+
+
 def build_loss_fn(args: argparse.Namespace) -> LossFn:
+    if args.loss_type == "custom_loss":
+        return make_custom_loss_fn(args)
     losses = {"sft_loss": sft_loss_fn, "policy_loss": make_policy_loss_fn(args)}
     try:
         return losses[args.loss_type]

@@ -39,6 +39,7 @@ import torch
 
 from slime.algorithms.aggregation import weighted_token_sum
 from slime.backends.megatron.batching import MicroBatch
+from slime.backends.megatron.loss import with_entropy_bonus
 
 LENGTH_PENALTY = 0.01
 """Reward subtracted per response token, so that among equally correct answers shorter ones win."""
@@ -81,10 +82,5 @@ def reinforce_loss(
         "reinforce_pg_loss": pg_loss.detach(),
         "advantage_mean": weighted_token_sum(advantages, masks, weights),
     }
-    loss = pg_loss
-    if entropy is not None:
-        entropy_mean = weighted_token_sum(entropy, masks, weights)
-        metrics["entropy"] = entropy_mean.detach()
-        if args.entropy_coef:
-            loss = loss - args.entropy_coef * entropy_mean
+    loss = with_entropy_bonus(pg_loss, metrics, entropy, masks, weights, args.entropy_coef)
     return loss, metrics

@@ -34,14 +34,30 @@ from slime.backends.megatron.batching import MicroBatch
 LossFn = Callable[[MicroBatch, list[torch.Tensor], list[torch.Tensor] | None], tuple[torch.Tensor, dict]]
 
 
+def with_entropy_bonus(
+    loss: torch.Tensor,
+    metrics: dict,
+    entropy: list[torch.Tensor] | None,
+    masks: list[torch.Tensor],
+    weights: list[float],
+    coef: float,
+) -> torch.Tensor:
+    """Logs the aggregated entropy as ``metrics["entropy"]`` and subtracts ``coef`` × it from the loss
+    (an exploration bonus; ``coef`` 0 only logs). Every loss function shares this one definition."""
+    if entropy is None:
+        return loss
+    entropy_mean = weighted_token_sum(entropy, masks, weights)
+    metrics["entropy"] = entropy_mean.detach()
+    return loss - coef * entropy_mean if coef else loss
+
+
 def sft_loss_fn(batch: MicroBatch, log_probs: list[torch.Tensor], entropy: list[torch.Tensor] | None):
     device = log_probs[0].device
     masks = batch.per_sample("loss_masks", device)
     weights = batch.samples["loss_weights"]
-    metrics = {}
-    if entropy is not None:
-        metrics["entropy"] = weighted_token_sum([e.detach() for e in entropy], masks, weights)
-    return sft_loss(log_probs, masks, weights), metrics
+    metrics: dict = {}
+    loss = with_entropy_bonus(sft_loss(log_probs, masks, weights), metrics, entropy, masks, weights, 0.0)
+    return loss, metrics
 
 
 def policy_token_losses(args: argparse.Namespace) -> Callable[..., tuple]:
@@ -90,12 +106,7 @@ def make_policy_loss_fn(args: argparse.Namespace) -> LossFn:
             pg_clipfrac=weighted_token_sum([p[1] for p in parts], masks, weights),
             ppo_kl=weighted_token_sum([p[2] for p in parts], masks, weights),
         )
-        loss = pg_loss
-        if entropy is not None:
-            entropy_mean = weighted_token_sum(entropy, masks, weights)
-            metrics["entropy"] = entropy_mean.detach()
-            if args.entropy_coef:
-                loss = loss - args.entropy_coef * entropy_mean
+        loss = with_entropy_bonus(pg_loss, metrics, entropy, masks, weights, args.entropy_coef)
         if args.use_kl_loss:
             ref = batch.per_sample("ref_log_probs", device)
             kl = [kl_estimate(lp, r, args.kl_loss_type) for lp, r in zip(log_probs, ref, strict=True)]

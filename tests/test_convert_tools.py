@@ -1,9 +1,9 @@
 """tools/convert_hf_to_torch_dist.py and tools/convert_torch_dist_to_hf.py, run as a user runs them.
 
 HF -> torch_dist -> HF is bit-exact, also across layouts: the checkpoint is written at TP=2 (two
-ranks) and read back at TP=1, which dist_checkpointing reshards on load. The way back is given the
-HF directory of a differently seeded model as ``--hf-checkpoint``, so the output can only equal the
-original if its weights came from the checkpoint.
+ranks) and read back at PP=2 (two stages), which dist_checkpointing reshards on load. The way back is
+given the HF directory of a differently seeded model as ``--hf-checkpoint``, so the output can only
+equal the original if its weights came from the checkpoint.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def run_tool(name, *flags):
     )
 
 
-def test_hf_to_torch_dist_at_tp2_and_back_at_tp1_is_bit_exact(tiny_models, tmp_path):
+def test_hf_to_torch_dist_at_tp2_and_back_at_pp2_is_bit_exact(tiny_models, tmp_path):
     from tools.make_tiny_model import make_tiny_model
 
     original_dir = tiny_models["qwen2"]
@@ -46,8 +46,9 @@ def test_hf_to_torch_dist_at_tp2_and_back_at_tp1_is_bit_exact(tiny_models, tmp_p
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "0"
 
     loaded = run_tool(
-        "convert_torch_dist_to_hf.py", "--hf-checkpoint", other_dir, "--load", ckpt, "--save-hf", out
-    )
+        "convert_torch_dist_to_hf.py", "--hf-checkpoint", other_dir, "--load", ckpt, "--save-hf", out,
+        "--pipeline-model-parallel-size", "2", "--actor-num-gpus-per-node", "2",
+    )  # fmt: skip
     assert loaded.returncode == 0, loaded.stderr[-3000:]
 
     original, other = (

@@ -20,10 +20,11 @@ for flags in (ARCH_FLAGS["qwen3"], ARCH_FLAGS["llama"]):
     flags.remove("--add-qkv-bias")
 
 
-def trainer_args(model_dir, arch="qwen2", world=1, extra=()):
+def trainer_args(model_dir, arch="qwen2", world=1, extra=(), model_flags=None):
+    """SFT trainer flags for ``world`` ranks; ``model_flags`` default to the tiny ``arch``'s."""
     return parse_args(
         [
-            *ARCH_FLAGS[arch],
+            *(ARCH_FLAGS[arch] if model_flags is None else model_flags),
             "--hf-checkpoint", str(model_dir),
             "--debug-train-only",
             "--loss-type", "sft_loss",

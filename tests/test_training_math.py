@@ -7,7 +7,7 @@ import torch
 
 from slime.algorithms.aggregation import loss_weights, weighted_token_sum
 from slime.algorithms.losses import sft_loss
-from slime.backends.megatron.batching import make_micro_batches
+from slime.backends.megatron.batching import consecutive_groups, make_micro_batches
 from slime.backends.megatron.conversion import get_converter
 from slime.backends.megatron.conversion.base import ModelShape
 from slime.ray.train_data import step_shard
@@ -70,7 +70,7 @@ def test_step_shard_rejects_uneven_splits():
 
 def test_micro_batches_pad_right_and_slice_responses():
     data = {**rollout(3), "loss_weights": [1.0, 1.0, 1.0]}
-    batches = make_micro_batches(data, 2, torch.device("cpu"))
+    batches = make_micro_batches(data, consecutive_groups(3, 2), torch.device("cpu"), packed=False)
     assert [b.tokens.shape for b in batches] == [torch.Size([2, 3]), torch.Size([1, 4])]
     assert batches[0].tokens.tolist() == [[0, 0, 0], [1, 1, 1]]  # sample 0 padded with id 0
     per_position = torch.arange(2 * 2).reshape(2, 2).float()  # next-token values at positions 0..1
@@ -119,7 +119,7 @@ def test_vocab_padding_round_trips_and_tied_output_is_not_exported_twice():
 
 
 def test_unknown_architecture_lists_supported_ones():
-    with pytest.raises(ValueError, match="llama, qwen2, qwen3"):
+    with pytest.raises(ValueError, match="llama, qwen2, qwen2_moe, qwen3, qwen3_moe"):
         get_converter("gpt2", shape=shape())
 
 

@@ -42,7 +42,13 @@ def trainer_group(args: argparse.Namespace) -> Iterator:
     """A started TrainerGroup on one bundle per trainer rank; Ray and the bundles are released after."""
     import ray
 
-    from slime.ray.cluster import create_placement_group, release_placement_group, start_ray, trainer_gpus
+    from slime.ray.cluster import (
+        bundle_order,
+        create_placement_group,
+        release_placement_group,
+        start_ray,
+        trainer_gpus,
+    )
     from slime.ray.trainer_group import TrainerGroup
 
     pg = group = None
@@ -50,7 +56,7 @@ def trainer_group(args: argparse.Namespace) -> Iterator:
         start_ray(args)
         world = trainer_gpus(args)
         pg = create_placement_group(world)
-        group = TrainerGroup(args, pg, list(range(world)))
+        group = TrainerGroup(args, pg, bundle_order(pg, world))
         group.init()
         yield group
     finally:

@@ -18,30 +18,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from slime.config import ConfigError
+from slime.config.validate import check_checkpoint_to_load
 from tools._trainer_cli import parse_conversion_args, trainer_group
-
-# slime.backends.megatron.checkpoint's tracker file, named here: bad input fails before Megatron loads.
-TRACKER_FILE = "latest_checkpointed_iteration.txt"
 
 
 def _check(args: argparse.Namespace) -> None:
-    if args.load is None:
-        raise ConfigError("--load", "required; pass the torch_dist checkpoint directory (train.py's --save)")
-    tracker = os.path.join(args.load, TRACKER_FILE)
-    if not os.path.isfile(tracker):
-        raise ConfigError(
-            "--load", f"{args.load} holds no checkpoint ({TRACKER_FILE} is missing); check the path"
-        )
-    text = Path(tracker).read_text().strip()
-    if not text.isdigit() or not os.path.isdir(os.path.join(args.load, f"iter_{int(text):07d}")):
-        raise ConfigError(
-            "--load", f"{tracker} names {text!r}, which is not a checkpoint here; check the path"
-        )
+    check_checkpoint_to_load(args, required=True)
     if args.save_hf is None:
         raise ConfigError("--save-hf", "required; pass the directory to write the HF checkpoint to")
     args.no_load_optim = True  # the weights are all a conversion needs

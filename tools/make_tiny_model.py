@@ -2,17 +2,20 @@
 
 No machine this project is built on reaches a model hub, yet the code that loads real checkpoints
 (HF -> Megatron conversion, the rollout engines, weight sync, the quickstart) needs one to run on.
-This tool generates a real checkpoint locally: Qwen2 / Qwen3 / Llama architectures built by
-transformers itself from a config, fp32 weights in safetensors, and a character-level tokenizer with
-Qwen's ChatML special tokens and chat template, so every loader sees the same files a real model has.
+This tool generates a real checkpoint locally: Qwen2 / Qwen3 / Qwen2-MoE / Qwen3-MoE / Llama
+architectures built by transformers itself from a config, fp32 weights in safetensors, and a
+character-level tokenizer with Qwen's ChatML special tokens and chat template, so every loader sees the
+same files a real model has.
 
 Usage:
     python tools/make_tiny_model.py --out /tmp/tiny-qwen2
     python tools/make_tiny_model.py --out /tmp/tiny-qwen3 --arch qwen3 --num-layers 4 --seed 1
+    python tools/make_tiny_model.py --out /tmp/tiny-qwen3-moe --arch qwen3_moe --untie-embeddings
 
 The call is idempotent: a directory that already holds a model made with the same settings (recorded
 in ``slime_tiny_model.json``) is returned as is, so tests and examples can call it unconditionally.
-``scripts/models/tiny-qwen2.sh`` holds the Megatron flags of the default model.
+``scripts/models/tiny-qwen2.sh`` holds the Megatron flags of the default model,
+``scripts/models/tiny-qwen3-moe.sh`` those of the default ``qwen3_moe`` one (untied embeddings).
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ from typing import Any
 
 SETTINGS_FILE = "slime_tiny_model.json"
 FORMAT_VERSION = 1
-ARCHITECTURES = ("qwen2", "qwen3", "llama")
+ARCHITECTURES = ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "llama")
+MOE_ARCHITECTURES = ("qwen2_moe", "qwen3_moe")
 VOCAB_MULTIPLE = 16
 
 # Special tokens first, so their ids are small and fixed: 0 is both end-of-text and padding.
@@ -106,6 +110,7 @@ def _settings(
     rms_norm_eps: float,
     max_position_embeddings: int,
     seed: int,
+    moe: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """Validate the arguments and return the canonical settings record (also the idempotence key)."""
     if arch not in ARCHITECTURES:
@@ -136,6 +141,7 @@ def _settings(
         raise ValueError(f"head_dim must be a positive even number (RoPE rotates pairs), got {head_dim}")
     if rope_theta <= 0 or rms_norm_eps <= 0:
         raise ValueError("rope_theta and rms_norm_eps must be positive")
+    extra = _moe_settings(moe) if arch in MOE_ARCHITECTURES else {}
     return {
         "format_version": FORMAT_VERSION,
         "arch": arch,
@@ -150,7 +156,21 @@ def _settings(
         "rms_norm_eps": float(rms_norm_eps),
         "max_position_embeddings": max_position_embeddings,
         "seed": int(seed),
+        **extra,
     }
+
+
+def _moe_settings(moe: dict[str, int] | None) -> dict[str, int]:
+    """The expert sizes of an MoE arch; dense archs record none, so their settings files stay as they were."""
+    moe = moe or {}
+    for name, value in moe.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if moe["num_experts_per_tok"] > moe["num_experts"]:
+        raise ValueError(
+            f"num_experts_per_tok ({moe['num_experts_per_tok']}) exceeds num_experts ({moe['num_experts']})"
+        )
+    return dict(moe)
 
 
 def _read_settings(directory: Path) -> dict[str, Any] | None:
@@ -239,13 +259,27 @@ def _write_model(directory: Path, settings: dict[str, Any]) -> None:
         "pad_token_id": pad_id,
         "dtype": "float32",
     }
-    if arch == "qwen2" and settings["head_dim"] == settings["hidden_size"] // settings["num_attention_heads"]:
+    derived_head_dim = settings["hidden_size"] // settings["num_attention_heads"]
+    if arch in ("qwen2", "qwen2_moe") and settings["head_dim"] == derived_head_dim:
         # Qwen2's own config.json has no head_dim; keep it out unless it differs from the derived value.
         del config_kwargs["head_dim"]
-    if arch in ("qwen3", "llama"):
+    if arch in ("qwen3", "qwen3_moe", "llama"):
         config_kwargs["attention_bias"] = False  # Qwen2 always has q/k/v bias; these two have none.
     if arch == "llama":
         config_kwargs["mlp_bias"] = False
+    if arch in MOE_ARCHITECTURES:
+        # Every layer sparse, as in the published configs. Qwen3-MoE renormalises the top-k weights;
+        # Qwen2-MoE does not and adds a gated shared expert of twice an expert's width.
+        config_kwargs.update(
+            num_experts=settings["num_experts"],
+            num_experts_per_tok=settings["num_experts_per_tok"],
+            moe_intermediate_size=settings["moe_intermediate_size"],
+            norm_topk_prob=arch == "qwen3_moe",
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        )
+    if arch == "qwen2_moe":
+        config_kwargs["shared_expert_intermediate_size"] = 2 * settings["moe_intermediate_size"]
     config = AutoConfig.for_model(arch, **config_kwargs)
 
     # transformers' own initialisation, under a fixed seed, without disturbing the caller's RNG.
@@ -280,7 +314,10 @@ def _write_model(directory: Path, settings: dict[str, Any]) -> None:
     # Compatibility keys for readers on transformers 4.x (e.g. an SGLang image): transformers 5 stores the
     # RoPE base only under rope_parameters and the dtype only as "dtype", and names a tokenizer class 4.x
     # does not know. Both versions accept these keys, and 4.x reads the chat template from here.
-    _patch_json(directory / "config.json", {"rope_theta": settings["rope_theta"], "torch_dtype": "float32"})
+    compat: dict[str, Any] = {"rope_theta": settings["rope_theta"], "torch_dtype": "float32"}
+    if arch in MOE_ARCHITECTURES:
+        compat["num_experts"] = settings["num_experts"]  # 5.x writes only its alias num_local_experts
+    _patch_json(directory / "config.json", compat)
     _patch_json(
         directory / "tokenizer_config.json",
         {"tokenizer_class": "PreTrainedTokenizerFast", "chat_template": CHAT_TEMPLATE},
@@ -317,13 +354,17 @@ def make_tiny_model(
     rms_norm_eps: float = 1e-6,
     max_position_embeddings: int = 512,
     seed: int = 0,
+    num_experts: int = 4,
+    num_experts_per_tok: int = 2,
+    moe_intermediate_size: int = 64,
     force: bool = False,
 ) -> Path:
     """Write a tiny HF checkpoint to ``out_dir`` (or reuse the one already there) and return its path.
 
     The defaults match ``scripts/models/tiny-qwen2.sh``. ``head_dim`` defaults to
-    hidden_size / num_attention_heads. The vocabulary is padded to a multiple of 16 so that the model has
-    unused embedding rows, as real checkpoints do.
+    hidden_size / num_attention_heads. The three expert sizes apply to the MoE archs only (every layer
+    is an MoE layer there; ``intermediate_size`` is then unused but kept in config.json). The vocabulary
+    is padded to a multiple of 16 so that the model has unused embedding rows, as real checkpoints do.
 
     If ``out_dir`` already holds a model made with the same settings nothing is written (cheap: no torch
     import). A non-empty directory holding anything else raises ``FileExistsError`` unless ``force``, in
@@ -344,6 +385,11 @@ def make_tiny_model(
         rms_norm_eps,
         max_position_embeddings,
         seed,
+        {
+            "num_experts": num_experts,
+            "num_experts_per_tok": num_experts_per_tok,
+            "moe_intermediate_size": moe_intermediate_size,
+        },
     )
     out = Path(out_dir).expanduser().resolve()
     if out.exists() and not out.is_dir():
@@ -383,7 +429,10 @@ def make_tiny_model(
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="make_tiny_model.py",
-        description="Write a tiny random HF causal LM (Qwen2/Qwen3/Llama) with a character-level tokenizer.",
+        description=(
+            "Write a tiny random HF causal LM (Qwen2/Qwen3/Qwen2-MoE/Qwen3-MoE/Llama) with a character-level "
+            "tokenizer."
+        ),
     )
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--arch", choices=ARCHITECTURES, default="qwen2")
@@ -398,6 +447,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rms-norm-eps", type=float, default=1e-6)
     parser.add_argument("--max-position-embeddings", type=int, default=512)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--num-experts", type=int, default=4, help="experts per layer (MoE archs)")
+    parser.add_argument("--num-experts-per-tok", type=int, default=2, help="top-k routing (MoE archs)")
+    parser.add_argument("--moe-intermediate-size", type=int, default=64, help="expert FFN size (MoE archs)")
     parser.add_argument("--force", action="store_true", help="replace a non-empty output directory")
 
     def one_line_error(message: str) -> None:
@@ -425,6 +477,9 @@ def main(argv: list[str] | None = None) -> int:
             rms_norm_eps=args.rms_norm_eps,
             max_position_embeddings=args.max_position_embeddings,
             seed=args.seed,
+            num_experts=args.num_experts,
+            num_experts_per_tok=args.num_experts_per_tok,
+            moe_intermediate_size=args.moe_intermediate_size,
             force=args.force,
         )
     except (ValueError, OSError) as exc:

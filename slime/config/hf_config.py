@@ -173,6 +173,23 @@ def _bias_linear(cfg: dict) -> Reading:
     return None
 
 
+def _pre_softmax(cfg: dict) -> Reading:
+    # HF takes the top-k of the softmax over all experts and renormalises them when norm_topk_prob is
+    # set; Megatron's default (softmax over the top-k logits) is that renormalised form.
+    if "norm_topk_prob" not in cfg:
+        return None
+    norm = bool(cfg["norm_topk_prob"])
+    return not norm, f"norm_topk_prob={_show(norm)}"
+
+
+def _shared_expert_gate(cfg: dict) -> Reading:
+    # Qwen2-MoE always multiplies its shared expert by sigmoid(shared_expert_gate(x)).
+    if not cfg.get("shared_expert_intermediate_size"):
+        return None
+    model_type = cfg.get("model_type")
+    return model_type == "qwen2_moe", f"model_type={model_type} (shared expert gate)"
+
+
 @dataclass(frozen=True)
 class _Rule:
     dest: str
@@ -213,6 +230,8 @@ _RULES: tuple[_Rule, ...] = (
         "--moe-shared-expert-intermediate-size",
         _key("shared_expert_intermediate_size"),
     ),
+    _Rule("moe_router_pre_softmax", "--moe-router-pre-softmax", _pre_softmax, switch=True),
+    _Rule("moe_shared_expert_gate", "--moe-shared-expert-gate", _shared_expert_gate, switch=True),
 )
 
 
@@ -247,6 +266,7 @@ def apply_hf_config(
             fix = f"use {rule.flag} {value}"
             raise _mismatch(rule.flag, getattr(args, rule.dest), desc, fix, path)
     _apply_query_groups(args, config, path, given)
+    _apply_moe_layer_freq(args, config, path, given)
 
 
 def _apply_query_groups(
@@ -273,3 +293,32 @@ def _apply_query_groups(
             raise _mismatch("--num-query-groups", args.num_query_groups, desc, fix, path)
     else:
         args.num_query_groups = kv_heads
+
+
+def _layer_pattern(freq: int | list[int], num_layers: int) -> list[int]:
+    """Megatron's per-layer MoE pattern (1 = MoE layer) of ``--moe-layer-freq``."""
+    if isinstance(freq, int):
+        return [int(i % freq == 0) for i in range(num_layers)]
+    return list(freq)
+
+
+def _apply_moe_layer_freq(
+    args: argparse.Namespace, config: dict[str, Any], path: str, given: Callable[[str], bool]
+) -> None:
+    """HF says which layers are sparse with two keys, Megatron with one pattern, so this gets its own rule.
+
+    HF: layer i is an MoE layer unless listed in ``mlp_only_layers``, and only if
+    ``(i + 1) % decoder_sparse_step == 0``; Megatron's integer N means ``i % N == 0`` instead, so the
+    pattern is compared (and filled) layer by layer.
+    """
+    num_layers = args.num_layers
+    if args.num_experts is None or num_layers is None or "decoder_sparse_step" not in config:
+        return
+    step, dense = config["decoder_sparse_step"], set(config.get("mlp_only_layers") or [])
+    pattern = [int(i not in dense and (i + 1) % step == 0) for i in range(num_layers)]
+    if not given("moe_layer_freq"):
+        args.moe_layer_freq = 1 if all(pattern) else pattern
+    elif _layer_pattern(args.moe_layer_freq, num_layers) != pattern:
+        desc = f"decoder_sparse_step={step}, mlp_only_layers={sorted(dense)}"
+        fix = "use --moe-layer-freq " + ("1" if all(pattern) else str(pattern).replace(" ", ""))
+        raise _mismatch("--moe-layer-freq", args.moe_layer_freq, desc, fix, path)

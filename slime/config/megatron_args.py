@@ -10,8 +10,40 @@ Model-shape flags left out are filled from the HF ``config.json`` (see ``hf_conf
 from __future__ import annotations
 
 import argparse
+import ast
 
 _FROM_HF = "taken from config.json when omitted"
+
+
+def moe_layer_freq(text: str) -> int | list[int]:
+    """``--moe-layer-freq``: N (an MoE layer every N layers) or a 0/1 list per layer, e.g. ``[0]*1+[1]*47``.
+
+    Megatron-LM evaluates the list with ``eval``; here only list literals, ``+`` and ``*`` of integers
+    are read. Shell-level quotes that a script passed through verbatim (``"'([1]*48)'"``) are dropped.
+    """
+    text = text.strip().strip("'\"")
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+
+    def value(node: ast.AST) -> int | list[int]:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.List):
+            items = [value(item) for item in node.elts]
+            if all(type(item) is int for item in items):
+                return items
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+            left, right = value(node.left), value(node.right)
+            return left + right if isinstance(node.op, ast.Add) else left * right
+        raise ValueError
+
+    try:
+        pattern = value(ast.parse(text, mode="eval").body)
+    except (SyntaxError, ValueError, TypeError):
+        pattern = None
+    if not isinstance(pattern, list) or any(item not in (0, 1) for item in pattern):
+        raise argparse.ArgumentTypeError(f"{text!r} is neither N nor a 0/1 list such as [0]*1+[1]*47")
+    return pattern
 
 
 def add_megatron_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -175,14 +207,56 @@ def _add_moe(parser: argparse.ArgumentParser) -> None:
         help="Score function of the router.",
     )
     g.add_argument(
-        "--moe-router-pre-softmax", action="store_true", help="Apply the softmax before the top-k selection."
+        "--moe-router-pre-softmax",
+        action="store_true",
+        help=f"Apply the softmax before the top-k selection (norm_topk_prob=false; {_FROM_HF}).",
     )
-    g.add_argument("--moe-grouped-gemm", action="store_true", help="Run the experts as one grouped GEMM.")
+    g.add_argument(
+        "--moe-grouped-gemm",
+        action="store_true",
+        help="Run the experts as one grouped GEMM (with --transformer-impl transformer_engine; the local "
+        "implementation runs them one after another, with the same result).",
+    )
     g.add_argument(
         "--moe-token-dispatcher-type",
         choices=["allgather", "alltoall"],
         default="allgather",
-        help="How tokens are sent to the experts.",
+        help="How tokens are sent to the experts (alltoall with --expert-model-parallel-size > 1: "
+        "micro-batches differ in length across ranks, which allgather cannot take).",
+    )
+    g.add_argument(
+        "--moe-layer-freq",
+        type=moe_layer_freq,
+        default=1,
+        help=f"MoE layer every N layers, or a 0/1 list per layer like [0]*1+[1]*47 ({_FROM_HF}).",
+    )
+    g.add_argument(
+        "--moe-shared-expert-gate",
+        action="store_true",
+        help=f"Scale the shared expert by a sigmoid gate, as Qwen2-MoE does ({_FROM_HF}).",
+    )
+    g.add_argument(
+        "--moe-router-dtype",
+        choices=["fp32", "fp64"],
+        default=None,
+        help="Compute the router in this precision (default: the model's).",
+    )
+    g.add_argument(
+        "--moe-expert-capacity-factor",
+        type=float,
+        default=None,
+        help="Tokens an expert takes, as a multiple of the even share; default: dropless (as HF computes).",
+    )
+    g.add_argument(
+        "--moe-token-drop-policy",
+        choices=["probs", "position"],
+        default="probs",
+        help="Which tokens an expert over capacity drops.",
+    )
+    g.add_argument(
+        "--moe-pad-expert-input-to-capacity",
+        action="store_true",
+        help="Pad every expert's input to its capacity (needs --moe-expert-capacity-factor).",
     )
     g.add_argument(
         "--moe-router-topk-scaling-factor",
@@ -201,6 +275,12 @@ def _add_parallelism(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="Layers per virtual pipeline stage (interleaved 1F1B).",
+    )
+    g.add_argument(
+        "--no-overlap-p2p-communication",
+        action="store_false",
+        dest="overlap_p2p_comm",
+        help="Interleaved 1F1B: wait for each pipeline send/receive instead of overlapping them.",
     )
     g.add_argument("--context-parallel-size", type=int, default=1, help="Context-parallel size (CP).")
     g.add_argument("--expert-model-parallel-size", type=int, default=1, help="Expert-parallel size (EP).")
@@ -410,4 +490,9 @@ def _add_kernels(parser: argparse.ArgumentParser) -> None:
         "--no-persist-layer-norm",
         action="store_true",
         help="Disable the persistent fused layer-norm kernel.",
+    )
+    g.add_argument(
+        "--moe-permute-fusion",
+        action="store_true",
+        help="Fuse the MoE token permutation (Transformer Engine).",
     )

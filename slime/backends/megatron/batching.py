@@ -1,14 +1,27 @@
-"""A rank's train data (a dict of per-sample lists) cut into padded micro-batches.
+"""A rank's train data (a dict of per-sample lists) cut into micro-batches, packed or padded.
 
-Sequences are right-padded: under causal attention a token never attends to the padding after it,
-so the log-probs of real tokens are exactly those of the unpadded sequence.
+Packed (``--qkv-format thd``, the default): the sequences of a micro-batch lie end to end in one
+``[1, T]`` row with no padding between them; ``cu_seqlens`` marks where each starts, so attention stays
+inside a sequence and RoPE restarts at 0 in each (megatron-core's THD layout). Padded
+(``--qkv-format bshd``): one right-padded row per sample; under causal attention a token never attends
+to the padding after it, so the log-probs of real tokens are exactly those of the unpadded sequence.
+
+Which samples share a micro-batch: ``--micro-batch-size`` consecutive samples, or with
+``--use-dynamic-batch-size`` bins of at most ``--max-tokens-per-gpu`` tokens, as many on every
+data-parallel rank (:func:`partition_by_token_budget`).
+
+This module is pure torch (the Ray driver imports it); Megatron's side is ``packed_attention``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import torch
+
+from slime.config.errors import ConfigError
 
 TrainData = dict[str, list]
 """Per-sample lists, all of one length. Required keys: ``tokens`` (prompt + response ids),
@@ -22,11 +35,27 @@ REQUIRED_KEYS = (*SAMPLE_KEYS, "loss_weights")
 
 @dataclass
 class MicroBatch:
+    """The model input of one micro-batch and the samples it holds.
+
+    Sample ``k`` of the micro-batch (``indices[k]`` of the rank's data) occupies
+    ``tokens[rows[k], starts[k] : starts[k] + total_lengths[k]]``.
+    """
+
     tokens: torch.Tensor
     position_ids: torch.Tensor
     total_lengths: list[int]
     response_lengths: list[int]
     samples: TrainData
+    indices: list[int]
+    rows: list[int]
+    starts: list[int]
+    cu_seqlens: torch.Tensor | None = None
+    """Packed only: int32 sequence boundaries in the row (a trailing pad segment included)."""
+    max_seqlen: int = 0
+
+    @property
+    def packed(self) -> bool:
+        return self.cu_seqlens is not None
 
     def per_sample(
         self, key: str, device: torch.device, dtype: torch.dtype = torch.float32
@@ -35,10 +64,16 @@ class MicroBatch:
         return [torch.as_tensor(v, dtype=dtype, device=device) for v in self.samples[key]]
 
     def response_slices(self, per_position: torch.Tensor) -> list[torch.Tensor]:
-        """The response part of a ``[b, s-1]`` tensor of next-token quantities, one tensor per sample."""
+        """The response part of a ``[b, s-1]`` tensor of next-token quantities, one tensor per sample.
+
+        Position ``p`` holds the quantity of predicting token ``p + 1``; in a packed row the position
+        before a sequence's start predicts across the boundary and is never selected.
+        """
         out = []
-        for row, total, response in zip(per_position, self.total_lengths, self.response_lengths, strict=True):
-            out.append(row[total - response - 1 : total - 1])
+        for row, start, total, response in zip(
+            self.rows, self.starts, self.total_lengths, self.response_lengths, strict=True
+        ):
+            out.append(per_position[row, start + total - response - 1 : start + total - 1])
         return out
 
 
@@ -50,30 +85,191 @@ def check_train_data(data: TrainData, required: tuple[str, ...] = REQUIRED_KEYS)
     sizes = {key: len(values) for key, values in data.items()}
     if len(set(sizes.values())) > 1:
         raise ValueError(f"train data lists differ in length: {sizes}")
+    # The first token has no prediction; a longer "response" would read the previous packed sequence.
+    for i, (tokens, response) in enumerate(zip(data["tokens"], data["response_lengths"], strict=True)):
+        if not 0 < response < len(tokens):
+            raise ValueError(f"sample {i}: response of {response} tokens in a sequence of {len(tokens)}")
     return sizes["tokens"]
 
 
-def make_micro_batches(
-    data: TrainData, micro_batch_size: int, device: torch.device, pad_id: int = 0
-) -> list[MicroBatch]:
-    """Consecutive groups of ``micro_batch_size`` samples, padded to the longest in each group."""
-    n = check_train_data(data)
-    batches = []
-    for start in range(0, n, micro_batch_size):
-        index = range(start, min(start + micro_batch_size, n))
-        samples = {key: [values[i] for i in index] for key, values in data.items()}
-        lengths = [len(t) for t in samples["tokens"]]
-        tokens = torch.full((len(index), max(lengths)), pad_id, dtype=torch.long)
-        for row, seq in enumerate(samples["tokens"]):
-            tokens[row, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
-        positions = torch.arange(tokens.shape[1]).unsqueeze(0).expand_as(tokens)
-        batches.append(
-            MicroBatch(
-                tokens=tokens.to(device),
-                position_ids=positions.to(device),
-                total_lengths=lengths,
-                response_lengths=list(samples["response_lengths"]),
-                samples=samples,
-            )
+def check_token_budget(tokens: Sequence[Sequence[int]], max_tokens_per_gpu: int | None) -> None:
+    """Refuses a rollout whose longest sample alone exceeds ``--max-tokens-per-gpu`` (None: no budget).
+    Checked on the driver when the data arrives: sample lengths are only known then."""
+    longest = max((len(t) for t in tokens), default=0)
+    if max_tokens_per_gpu is not None and longest > max_tokens_per_gpu:
+        raise ConfigError(
+            "--max-tokens-per-gpu",
+            f"{max_tokens_per_gpu} is below the longest sample ({longest} tokens); "
+            f"raise it to at least {longest}",
         )
-    return batches
+
+
+def consecutive_groups(num_samples: int, size: int) -> list[list[int]]:
+    """``--micro-batch-size`` consecutive samples per micro-batch (the last may hold fewer)."""
+    return [list(range(start, min(start + size, num_samples))) for start in range(0, num_samples, size)]
+
+
+def _first_fit_decreasing(lengths: Sequence[int], budget: int) -> list[list[int]]:
+    bins: list[list[int]] = []
+    loads: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        slot = next((b for b, load in enumerate(loads) if load + lengths[i] <= budget), None)
+        if slot is None:
+            bins.append([i])
+            loads.append(lengths[i])
+        else:
+            bins[slot].append(i)
+            loads[slot] += lengths[i]
+    return bins
+
+
+def min_bin_count(lengths: Sequence[int], budget: int) -> int:
+    """How many micro-batches of at most ``budget`` tokens this rank needs (first-fit decreasing)."""
+    _check_fits(lengths, budget)
+    return len(_first_fit_decreasing(lengths, budget))
+
+
+def _check_fits(lengths: Sequence[int], budget: int) -> None:
+    if lengths and max(lengths) > budget:
+        raise ValueError(f"a sample of {max(lengths)} tokens exceeds the micro-batch budget of {budget}")
+
+
+def partition_by_token_budget(lengths: Sequence[int], budget: int, num_bins: int) -> list[list[int]]:
+    """Sample indices cut into exactly ``num_bins`` non-empty micro-batches of at most ``budget`` tokens.
+
+    Every data-parallel rank must run the same number of micro-batches, so ``num_bins`` is the largest
+    :func:`min_bin_count` over the ranks. Longest-first into the least-loaded bin balances the tokens;
+    where that overflows the budget, first-fit decreasing packing is split (largest bins first) up to
+    ``num_bins``, which stays under the budget. Indices are ascending within a bin, bins ordered by
+    their first index.
+    """
+    _check_fits(lengths, budget)
+    if not 1 <= num_bins <= len(lengths):
+        raise ValueError(f"cannot cut {len(lengths)} samples into {num_bins} non-empty micro-batches")
+    heap = [(0, b) for b in range(num_bins)]
+    bins: list[list[int]] = [[] for _ in range(num_bins)]
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        load, b = heapq.heappop(heap)
+        bins[b].append(i)
+        heapq.heappush(heap, (load + lengths[i], b))
+    if max(load for load, _ in heap) > budget:
+        bins = _first_fit_decreasing(lengths, budget)
+        if len(bins) > num_bins:
+            raise ValueError(f"{len(lengths)} samples need {len(bins)} micro-batches of {budget} tokens")
+        while len(bins) < num_bins:
+            largest = max(bins, key=len)
+            bins.remove(largest)
+            bins.extend([largest[::2], largest[1::2]])
+    return sorted((sorted(b) for b in bins), key=lambda b: b[0])
+
+
+def make_micro_batches(
+    data: TrainData,
+    groups: list[list[int]],
+    device: torch.device,
+    packed: bool = True,
+    pad_to_multiple: int = 1,
+    pad_id: int = 0,
+) -> list[MicroBatch]:
+    """One micro-batch per group of sample indices.
+
+    A packed row is padded at its end to a multiple of ``pad_to_multiple`` (the tensor-parallel size,
+    so that sequence parallelism can split it) with one extra segment that no sample reads.
+    """
+    check_train_data(data)
+    if packed:
+        return [_packed(data, group, device, pad_to_multiple, pad_id) for group in groups]
+    return [_padded(data, group, device, pad_id) for group in groups]
+
+
+def _select(data: TrainData, group: list[int]) -> TrainData:
+    return {key: [values[i] for i in group] for key, values in data.items()}
+
+
+def _padded(data: TrainData, group: list[int], device: torch.device, pad_id: int) -> MicroBatch:
+    samples = _select(data, group)
+    lengths = [len(t) for t in samples["tokens"]]
+    tokens = torch.full((len(group), max(lengths)), pad_id, dtype=torch.long)
+    for row, seq in enumerate(samples["tokens"]):
+        tokens[row, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
+    positions = torch.arange(tokens.shape[1]).unsqueeze(0).expand_as(tokens)
+    return MicroBatch(
+        tokens=tokens.to(device),
+        position_ids=positions.to(device),
+        total_lengths=lengths,
+        response_lengths=list(samples["response_lengths"]),
+        samples=samples,
+        indices=list(group),
+        rows=list(range(len(group))),
+        starts=[0] * len(group),
+    )
+
+
+def _packed(
+    data: TrainData, group: list[int], device: torch.device, multiple: int, pad_id: int
+) -> MicroBatch:
+    samples = _select(data, group)
+    lengths = [len(t) for t in samples["tokens"]]
+    pad = -sum(lengths) % multiple
+    segments = lengths + ([pad] if pad else [])
+    flat = [token for seq in samples["tokens"] for token in seq] + [pad_id] * pad
+    bounds = torch.tensor([0, *segments], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    positions = torch.cat([torch.arange(n) for n in segments])
+    return MicroBatch(
+        tokens=torch.tensor([flat], dtype=torch.long).to(device),
+        position_ids=positions.unsqueeze(0).to(device),
+        total_lengths=lengths,
+        response_lengths=list(samples["response_lengths"]),
+        samples=samples,
+        indices=list(group),
+        rows=[0] * len(group),
+        starts=bounds[: len(lengths)].tolist(),
+        cu_seqlens=bounds.to(device),
+        max_seqlen=max(segments),
+    )
+
+
+def pad_to_shape(batch: MicroBatch, rows: int, length: int, pad_id: int = 0) -> MicroBatch:
+    """``batch`` with its token rows padded to ``[rows, length]``; the padding is read by no sample.
+
+    The interleaved (virtual-stage) pipeline schedule exchanges activations of one fixed shape, so
+    there every micro-batch of a step is padded to the largest. A packed row gets one more segment
+    (its own attention span), a padded layout more columns and empty rows.
+    """
+    extra_rows, extra_cols = rows - batch.tokens.shape[0], length - batch.tokens.shape[1]
+    if extra_rows < 0 or extra_cols < 0:
+        raise ValueError(f"cannot pad a {list(batch.tokens.shape)} micro-batch to {[rows, length]}")
+    if extra_rows == extra_cols == 0:
+        return batch
+    if batch.packed and extra_rows:
+        raise ValueError("a packed micro-batch is one row")
+    device = batch.tokens.device
+    tokens = torch.nn.functional.pad(batch.tokens, (0, extra_cols, 0, extra_rows), value=pad_id)
+    if batch.packed:
+        positions = torch.cat([batch.position_ids, torch.arange(extra_cols, device=device)[None]], dim=1)
+        bounds = torch.cat([batch.cu_seqlens, batch.cu_seqlens[-1:] + extra_cols])
+        return replace(
+            batch, tokens=tokens, position_ids=positions, cu_seqlens=bounds,
+            max_seqlen=max(batch.max_seqlen, extra_cols),
+        )  # fmt: skip
+    positions = torch.arange(length, device=device).expand(rows, length)
+    return replace(batch, tokens=tokens, position_ids=positions)
+
+
+def interleaved_count(count: int, num_samples: int, pipeline_size: int) -> int:
+    """The micro-batch count nearest ``count`` that megatron-core's interleaved schedule runs: a
+    multiple of the pipeline size (rounded up while there are samples for it, else down)."""
+    if num_samples < pipeline_size:
+        raise ValueError(
+            f"{num_samples} samples cannot fill the {pipeline_size} micro-batches that virtual pipeline "
+            "stages need at least; raise the batch or drop --num-layers-per-virtual-pipeline-stage"
+        )
+    up = -(-count // pipeline_size) * pipeline_size
+    return up if up <= num_samples else num_samples // pipeline_size * pipeline_size
+
+
+def even_groups(num_samples: int, count: int) -> list[list[int]]:
+    """Consecutive samples cut into ``count`` groups whose sizes differ by at most one."""
+    size, extra = divmod(num_samples, count)
+    starts = [k * size + min(k, extra) for k in range(count + 1)]
+    return [list(range(starts[k], starts[k + 1])) for k in range(count)]

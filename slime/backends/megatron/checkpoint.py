@@ -17,24 +17,9 @@ from megatron.core.optimizer import MegatronOptimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 from slime.backends.megatron.sharding import unwrap
+from slime.utils.checkpoint_layout import TRACKER_FILE, iteration_dir, latest_rollout_id
 
-TRACKER_FILE = "latest_checkpointed_iteration.txt"
 _OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
-
-
-def iteration_dir(directory: str | Path, rollout_id: int) -> Path:
-    return Path(directory) / f"iter_{rollout_id:07d}"
-
-
-def latest_rollout_id(directory: str | Path) -> int | None:
-    """The rollout id named by the tracker file, or None when ``directory`` holds no checkpoint."""
-    tracker = Path(directory) / TRACKER_FILE
-    if not tracker.exists():
-        return None
-    text = tracker.read_text().strip()
-    if not text.isdigit():
-        raise ValueError(f"{tracker}: expected a rollout id, found {text!r}; delete the file to start fresh")
-    return int(text)
 
 
 def _model_key(index: int, num_chunks: int) -> str:
@@ -100,23 +85,34 @@ def save(
     return str(target)
 
 
+def _has_optimizer_state(target: Path) -> bool:
+    return any(key.startswith("optimizer.") for key in dist_checkpointing.load_tensors_metadata(str(target)))
+
+
 @torch.no_grad()
 def load(
     directory: str | Path,
     model: list[torch.nn.Module],
     optimizer: MegatronOptimizer | None,
     scheduler: OptimizerParamScheduler | None,
+    rollout_id: int | None = None,
 ) -> dict | None:
-    """Restores the latest checkpoint in place; returns its progress record, or None if there is none."""
-    rollout_id = latest_rollout_id(directory)
+    """Restores ``rollout_id``'s checkpoint (default: the latest) in place; returns its progress record,
+    or None if there is none."""
+    if rollout_id is None:
+        rollout_id = latest_rollout_id(directory)
     if rollout_id is None:
         return None
+    target = iteration_dir(directory, rollout_id)
+    if optimizer is not None and not _has_optimizer_state(target):
+        # Saved before the optimizer's first step (e.g. PPO's critic-only warm-up): nothing to restore.
+        optimizer = None
     if optimizer is not None:
         _materialize_optimizer_state(optimizer)
     state = _sharded_state(model, optimizer, is_loading=True)
     state["scheduler"] = scheduler.state_dict() if scheduler is not None else {}
     state["progress"] = {}
-    loaded = dist_checkpointing.load(state, str(iteration_dir(directory, rollout_id)))
+    loaded = dist_checkpointing.load(state, str(target))
     for i, chunk in enumerate(model):
         unwrap(chunk).load_state_dict(loaded[_model_key(i, len(model))])
     if optimizer is not None:

@@ -33,9 +33,19 @@ def padded_vocab_size(args: argparse.Namespace) -> int:
     return int(math.ceil(args.vocab_size / multiple) * multiple)
 
 
+def grouped_experts(args: argparse.Namespace) -> bool:
+    """Whether the experts run as one grouped GEMM: Transformer Engine's TEGroupedMLP only.
+
+    The local implementation's grouped variant needs the separate ``grouped_gemm`` CUDA package, so
+    there the experts run one after another (SequentialMLP), which computes the same result.
+    """
+    return bool(args.num_experts) and args.moe_grouped_gemm and args.transformer_impl == "transformer_engine"
+
+
 def transformer_config_from_args(args: argparse.Namespace) -> TransformerConfig:
     """Builds the TransformerConfig a GPTModel and its parallel layout are created from."""
     dtype = params_dtype(args)
+    interleaved = args.num_layers_per_virtual_pipeline_stage is not None
     recompute_granularity = args.recompute_granularity
     if args.recompute_activations:
         recompute_granularity = "selective"
@@ -69,7 +79,8 @@ def transformer_config_from_args(args: argparse.Namespace) -> TransformerConfig:
         bf16=args.bf16,
         fp16=args.fp16,
         # Micro-batches differ in length; only pipeline p2p needs to be told (shapes are exchanged).
-        variable_seq_lengths=args.pipeline_model_parallel_size > 1,
+        # The interleaved schedule cannot exchange shapes: there micro-batches are padded to one shape.
+        variable_seq_lengths=args.pipeline_model_parallel_size > 1 and not interleaved,
         moe_token_dispatcher_type=args.moe_token_dispatcher_type if args.num_experts else "alltoall",
         recompute_granularity=recompute_granularity,
         recompute_method=args.recompute_method,
@@ -81,6 +92,11 @@ def transformer_config_from_args(args: argparse.Namespace) -> TransformerConfig:
         gradient_accumulation_fusion=args.gradient_accumulation_fusion,
         persist_layer_norm=args.persist_layer_norm,
         deallocate_pipeline_outputs=True,
+        # Interleaved 1F1B posts its p2p ops one by one in megatron's even/odd rank order: batched,
+        # a peer that is both the previous and the next stage (PP=2) gets an activation and a
+        # gradient in one batch, and gloo pairs them with the receives in posting order.
+        overlap_p2p_comm=interleaved and args.overlap_p2p_comm,
+        batch_p2p_comm=not interleaved,
     )
     if args.num_experts:
         fields.update(
@@ -93,7 +109,14 @@ def transformer_config_from_args(args: argparse.Namespace) -> TransformerConfig:
             moe_router_score_function=args.moe_router_score_function,
             moe_router_pre_softmax=args.moe_router_pre_softmax,
             moe_router_topk_scaling_factor=args.moe_router_topk_scaling_factor,
-            moe_grouped_gemm=args.moe_grouped_gemm,
+            moe_grouped_gemm=grouped_experts(args),
+            moe_layer_freq=args.moe_layer_freq,
+            moe_shared_expert_gate=args.moe_shared_expert_gate,
+            moe_router_dtype=args.moe_router_dtype,
+            moe_expert_capacity_factor=args.moe_expert_capacity_factor,
+            moe_token_drop_policy=args.moe_token_drop_policy,
+            moe_pad_expert_input_to_capacity=args.moe_pad_expert_input_to_capacity,
+            moe_permute_fusion=args.moe_permute_fusion,
         )
     fields.update(kernel_overrides())
     return TransformerConfig(**fields)

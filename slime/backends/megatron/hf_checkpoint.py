@@ -12,7 +12,11 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from slime.backends.megatron.conversion import ModelConverter
-from slime.backends.megatron.sharding import gather_full, named_global_params, shard_for_this_rank
+from slime.backends.megatron.sharding import (
+    gathered_global_tensors,
+    named_global_params,
+    shard_for_this_rank,
+)
 
 
 class SafetensorsReader:
@@ -69,10 +73,10 @@ def load_hf_weights(
 def iter_hf_weights(
     model_chunks: list[torch.nn.Module], converter: ModelConverter, gated: bool
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """This pipeline stage's parameters as full HF tensors (a collective over the tensor-parallel group)."""
+    """This pipeline stage's parameters as full HF tensors, every expert included (a collective over the
+    tensor- and expert-parallel groups)."""
     for chunk in model_chunks:
-        for name, param in named_global_params(chunk):
-            full = gather_full(name, param, gated)
+        for name, full in gathered_global_tensors(chunk, gated):
             yield from converter.hf_from_megatron(name, full)
 
 

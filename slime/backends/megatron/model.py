@@ -16,30 +16,42 @@ from megatron.core.optimizer import MegatronOptimizer, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.module import Float16Module
+from megatron.core.transformer.moe import moe_utils
 
 from slime.backends.megatron.config import (
     ddp_config_from_args,
+    grouped_experts,
     optimizer_config_from_args,
     padded_vocab_size,
 )
+from slime.backends.megatron.packed_attention import PackedDotProductAttention
+
+if not moe_utils.HAVE_TE:
+    # megatron-core 0.16's router GEMM tests ``te_general_gemm is not None`` but only binds the name
+    # when Transformer Engine imports; without TE every MoE forward raises NameError.
+    moe_utils.te_general_gemm = None
 
 
 def _layer_spec(args: argparse.Namespace):
     if args.transformer_impl == "transformer_engine":
         return get_gpt_layer_with_transformer_engine_spec(
             num_experts=args.num_experts,
-            moe_grouped_gemm=args.moe_grouped_gemm,
+            moe_grouped_gemm=grouped_experts(args),
             qk_layernorm=args.qk_layernorm,
         )
-    return get_gpt_layer_local_spec(
+    spec = get_gpt_layer_local_spec(
         num_experts=args.num_experts,
-        moe_grouped_gemm=args.moe_grouped_gemm,
+        moe_grouped_gemm=grouped_experts(args),
         qk_layernorm=args.qk_layernorm,
         normalization=args.normalization,
     )
+    # Packed (THD) micro-batches: the local attention learns them as a block-diagonal mask.
+    spec.submodules.self_attention.submodules.core_attention = PackedDotProductAttention
+    return spec
 
 
-def _virtual_stages(args: argparse.Namespace) -> int | None:
+def virtual_stages(args: argparse.Namespace) -> int | None:
+    """Model chunks per pipeline rank (interleaved 1F1B), or None without virtual stages."""
     if args.num_layers_per_virtual_pipeline_stage is None:
         return None
     layers_per_stage = args.num_layers // args.pipeline_model_parallel_size
@@ -48,7 +60,7 @@ def _virtual_stages(args: argparse.Namespace) -> int | None:
 
 def build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> list[torch.nn.Module]:
     """One GPTModel per virtual pipeline stage of this rank, unwrapped (weights are loaded next)."""
-    num_vp = _virtual_stages(args)
+    num_vp = virtual_stages(args)
     config.virtual_pipeline_model_parallel_size = num_vp
     chunks = []
     for vp_stage in range(num_vp or 1):

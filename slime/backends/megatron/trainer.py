@@ -21,15 +21,32 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
 from slime.backends.megatron import checkpoint
-from slime.backends.megatron.batching import MicroBatch, TrainData, make_micro_batches
+from slime.backends.megatron.batching import (
+    MicroBatch,
+    TrainData,
+    consecutive_groups,
+    even_groups,
+    interleaved_count,
+    make_micro_batches,
+    min_bin_count,
+    pad_to_shape,
+    partition_by_token_budget,
+)
 from slime.backends.megatron.config import padded_vocab_size, transformer_config_from_args
 from slime.backends.megatron.conversion import ModelConverter, get_converter
 from slime.backends.megatron.conversion.base import ModelShape
 from slime.backends.megatron.hf_checkpoint import iter_hf_weights, load_hf_weights, write_hf_checkpoint
 from slime.backends.megatron.logprobs import token_logprobs_and_entropy
-from slime.backends.megatron.loss import LossFn, build_loss_fn
-from slime.backends.megatron.model import build_model_chunks, build_optimizer, wrap_for_training
-from slime.utils.device import distributed_backend, setup_device
+from slime.backends.megatron.loss import LossFn, build_loss_fn, needs_reference
+from slime.backends.megatron.model import (
+    build_model_chunks,
+    build_optimizer,
+    virtual_stages,
+    wrap_for_training,
+)
+from slime.backends.megatron.packed_attention import packed_seq_params
+from slime.backends.megatron.value_head import attach_value_heads
+from slime.utils.device import DeviceMemory, distributed_backend, setup_device, storage_key
 
 logger = logging.getLogger(__name__)
 # megatron-core still calls the old names of these collectives; the warning is not actionable here.
@@ -69,6 +86,7 @@ class MegatronTrainer:
         mpu.initialize_model_parallel(
             tensor_model_parallel_size=args.tensor_model_parallel_size,
             pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+            virtual_pipeline_model_parallel_size=virtual_stages(args),
             context_parallel_size=args.context_parallel_size,
             expert_model_parallel_size=args.expert_model_parallel_size,
             expert_tensor_parallel_size=args.expert_tensor_parallel_size,
@@ -81,20 +99,31 @@ class MegatronTrainer:
         self.converter = converter_for(args)
         chunks = build_model_chunks(args, self.config)
         load_hf_weights(chunks, args.hf_checkpoint, self.converter, gated=args.swiglu)
+        self.is_critic = args.loss_type == "value_loss"
+        if self.is_critic:
+            attach_value_heads(chunks, args.hidden_size)
         self.model = wrap_for_training(args, self.config, chunks)
         total_steps = (args.num_rollout or 0) * args.num_steps_per_rollout
         self.optimizer, self.scheduler = build_optimizer(args, self.model, total_steps)
         self.loss_fn: LossFn = build_loss_fn(args)
         self.step = 0
-        # The frozen reference policy for --use-kl-loss: the initial weights, kept off the model.
-        self.ref_weights = self._snapshot() if args.use_kl_loss else None
+        self.num_micro_batches = 0  # of the last forward/backward pass, for logs and tests
+        # The reference policy for KL (as a loss or as reward shaping): the initial weights, kept off
+        # the model; refreshed from the policy every --ref-update-interval rollouts.
+        self.ref_weights = self._snapshot() if needs_reference(args) else None
+        self.rollouts_seen = 0
 
     # ---- forward helpers -------------------------------------------------------------------------
 
     def _response_outputs(
         self, batch: MicroBatch, temperature: float, with_entropy: bool
     ) -> Callable[[torch.Tensor], tuple[list[torch.Tensor], list[torch.Tensor] | None]]:
-        """On the last stage: a micro-batch's logits -> per-sample response log-probs (and entropy)."""
+        """On the last stage: a micro-batch's logits -> per-sample response log-probs (and entropy).
+
+        The critic's "logits" are values ``[b, s, 1]``; position ``t`` values the state before token ``t+1``,
+        aligned with the log-prob of that token."""
+        if self.is_critic:
+            return lambda values: (batch.response_slices(values[:, :-1, 0].float()), None)
 
         def from_logits(logits: torch.Tensor):
             logprobs, entropy = token_logprobs_and_entropy(
@@ -104,6 +133,38 @@ class MegatronTrainer:
 
         return from_logits
 
+    def _micro_batches(self, data: TrainData) -> list[MicroBatch]:
+        """This rank's micro-batches: packed unless ``--qkv-format bshd``; with
+        ``--use-dynamic-batch-size`` cut by token budget into as many as the data-parallel rank that
+        needs the most, so every rank runs the same schedule. Virtual pipeline stages need a multiple
+        of the pipeline size of them, all of one shape."""
+        args = self.args
+        interleaved = virtual_stages(args) is not None
+        num_samples, pipeline = len(data["tokens"]), mpu.get_pipeline_model_parallel_world_size()
+        if args.use_dynamic_batch_size:
+            lengths = [len(tokens) for tokens in data["tokens"]]
+            count = torch.tensor(min_bin_count(lengths, args.max_tokens_per_gpu), device=self.device)
+            dist.all_reduce(count, op=dist.ReduceOp.MAX, group=mpu.get_data_parallel_group())
+            count = interleaved_count(int(count), num_samples, pipeline) if interleaved else int(count)
+            groups = partition_by_token_budget(lengths, args.max_tokens_per_gpu, count)
+        else:
+            groups = consecutive_groups(num_samples, args.micro_batch_size)
+            if interleaved:
+                groups = even_groups(num_samples, interleaved_count(len(groups), num_samples, pipeline))
+        batches = make_micro_batches(
+            data,
+            groups,
+            self.device,
+            packed=args.qkv_format == "thd",
+            pad_to_multiple=mpu.get_tensor_model_parallel_world_size(),
+        )
+        if interleaved:
+            rows = max(b.tokens.shape[0] for b in batches)
+            length = max(b.tokens.shape[1] for b in batches)
+            batches = [pad_to_shape(b, rows, length) for b in batches]
+        self.num_micro_batches = len(batches)
+        return batches
+
     def _run(
         self,
         data: TrainData,
@@ -112,13 +173,23 @@ class MegatronTrainer:
         with_entropy: bool,
         temperature: float,
     ) -> list[dict]:
-        batches = make_micro_batches(data, self.args.micro_batch_size, self.device)
+        """Runs Megatron's schedule over ``data``; ``loss_of`` returns a micro-batch's share of the
+        global loss (its loss weights normalise over the global batch)."""
+        batches = self._micro_batches(data)
+        # Megatron divides each micro-batch loss by this rank's count and DDP averages over
+        # data-parallel ranks; undo both so the gradient is that of the summed shares.
+        scale = len(batches) * mpu.get_data_parallel_world_size()
 
         def forward_step(iterator, model):
             batch = next(iterator)
-            output = model(batch.tokens, batch.position_ids, None)
+            output = model(batch.tokens, batch.position_ids, None, packed_seq_params=packed_seq_params(batch))
             outputs_of = self._response_outputs(batch, temperature, with_entropy)
-            return output, lambda logits: loss_of(batch, *outputs_of(logits))
+
+            def scaled_loss(logits):
+                loss, metrics = loss_of(batch, *outputs_of(logits))
+                return loss * scale, metrics
+
+            return output, scaled_loss
 
         return get_forward_backward_func()(
             forward_step_func=forward_step,
@@ -126,7 +197,7 @@ class MegatronTrainer:
             model=self.model,
             num_microbatches=len(batches),
             seq_length=max(b.tokens.shape[1] for b in batches),
-            micro_batch_size=self.args.micro_batch_size,
+            micro_batch_size=max(b.tokens.shape[0] for b in batches),
             forward_only=forward_only,
         )
 
@@ -139,12 +210,18 @@ class MegatronTrainer:
             chunk.eval()
 
         def collect(batch, log_probs, _entropy):
-            return torch.zeros((), device=self.device), {"log_probs": [lp.float().cpu() for lp in log_probs]}
+            outputs = {"log_probs": [lp.float().cpu() for lp in log_probs], "indices": batch.indices}
+            return torch.zeros((), device=self.device), outputs
 
         stored = self._run(data, collect, forward_only=True, with_entropy=False, temperature=temperature)
         if not mpu.is_pipeline_last_stage():
             return None
-        return [lp for item in stored for lp in item["log_probs"]]
+        # Dynamic micro-batches hold samples out of order; put them back in the data's order.
+        ordered: list[torch.Tensor] = [None] * len(data["tokens"])
+        for item in stored:
+            for index, log_prob in zip(item["indices"], item["log_probs"], strict=True):
+                ordered[index] = log_prob
+        return ordered
 
     def _snapshot(self) -> list[torch.Tensor]:
         return [p.detach().to("cpu", copy=True) for chunk in self.model for p in chunk.parameters()]
@@ -159,9 +236,18 @@ class MegatronTrainer:
         """Adds ``old_log_probs`` (and ``ref_log_probs``) to every step's shard of a rollout.
 
         All are computed before the first optimizer step of the rollout, so step 0 is exactly
-        on-policy (ratio 1) and later steps see the rollout policy as "old".
+        on-policy (ratio 1) and later steps see the rollout policy as "old". With
+        ``--use-rollout-logprobs`` the engine's log-probs are the old policy's (no recomputation).
         """
+        interval = self.args.ref_update_interval
+        if interval and self.rollouts_seen and self.rollouts_seen % interval == 0:
+            self.ref_weights = self._snapshot()
+        self.rollouts_seen += 1
         for shard in shards:
+            if self.args.use_rollout_logprobs:
+                if mpu.is_pipeline_last_stage():
+                    shard["old_log_probs"] = [torch.as_tensor(r).float() for r in shard["rollout_log_probs"]]
+                continue
             old = self.compute_log_probs(shard)
             if old is not None:
                 shard["old_log_probs"] = old
@@ -183,15 +269,11 @@ class MegatronTrainer:
             chunk.train()
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
-        num_micro_batches = -(-len(data["tokens"]) // self.args.micro_batch_size)
-        # Megatron divides each micro-batch loss by their count and DDP averages over data-parallel
-        # ranks; the loss weights already normalise over the global batch, so undo both.
-        scale = num_micro_batches * mpu.get_data_parallel_world_size()
 
         def loss_of(batch, log_probs, entropy):
             loss, metrics = self.loss_fn(batch, log_probs, entropy)
             metrics = {"loss": loss.detach().clone(), **{k: v.detach().clone() for k, v in metrics.items()}}
-            return loss * scale, metrics
+            return loss, metrics
 
         stored = self._run(data, loss_of, forward_only=False, with_entropy=True, temperature=1.0)
         updated, grad_norm, _ = self.optimizer.step()
@@ -250,19 +332,66 @@ class MegatronTrainer:
         return checkpoint.save(directory, rollout_id, self.model, self.optimizer, self.scheduler, self.step)
 
     def load(self, directory: str) -> int | None:
-        """Loads the latest checkpoint under ``directory``; returns its rollout id (None if there is none)."""
+        """Loads ``--ckpt-step`` (default: the latest) from ``directory``; returns its rollout id or None."""
         state = checkpoint.load(
             directory,
             self.model,
             None if self.args.no_load_optim else self.optimizer,
             None if self.args.no_load_optim else self.scheduler,
+            rollout_id=self.args.ckpt_step,
         )
         if state is None:
             return None
         self.step = state["step"]
+        self.rollouts_seen = state["rollout_id"] + 1
+        if self.args.ref_update_interval and self.ref_weights is not None:
+            self.ref_weights = self._snapshot()  # the refreshed reference is not saved: restart from here
         return state["rollout_id"]
 
     def close(self) -> None:
         if dist.is_initialized():
             mpu.destroy_model_parallel()
             dist.destroy_process_group()
+
+    # ---- device memory under --colocate (the engines use the same GPUs between trainings) ----------
+
+    def memory_groups(self) -> dict[str, list[torch.Tensor]]:
+        """The tensors of each offload group: ``weights`` (parameters) and ``train_state`` (gradient
+        buffers, optimizer state and its fp32 main parameters), so the weights can stay for the handoff."""
+        params = [p for chunk in self.model for p in chunk.parameters()]
+        state = [p.main_grad for p in params if getattr(p, "main_grad", None) is not None]
+        state += [b.grad_data for chunk in self.model for b in getattr(chunk, "buffers", [])]
+
+        def torch_optimizers(optimizer):
+            for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+                yield inner.optimizer
+
+        for optimizer in torch_optimizers(self.optimizer):
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    state.append(param)
+                    state += [v for v in optimizer.state.get(param, {}).values() if torch.is_tensor(v)]
+        return {"weights": params, "train_state": state}
+
+    @property
+    def memory(self) -> DeviceMemory:
+        if getattr(self, "_memory", None) is None:
+            self._memory = DeviceMemory()
+        return self._memory
+
+    @property
+    def offloaded(self) -> bool:
+        memory = getattr(self, "_memory", None)  # never offloaded: no DeviceMemory was made
+        return memory is not None and any(memory.is_offloaded(tag) for tag in ("weights", "train_state"))
+
+    def offload(self, tags: list[str]) -> int:
+        """Moves the groups ``tags`` off the device (``slime.utils.device.DeviceMemory``); bytes freed."""
+        groups = self.memory_groups()
+        weights = {storage_key(t) for t in groups["weights"]}
+        freed = 0
+        for tag in tags:
+            freed += self.memory.offload(tag, groups[tag], claimed=None if tag == "weights" else weights)
+        return freed
+
+    def onload(self, tags: list[str]) -> int:
+        return sum(self.memory.onload(tag) for tag in tags)

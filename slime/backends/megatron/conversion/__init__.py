@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from slime.backends.megatron.conversion.base import ModelConverter
 from slime.backends.megatron.conversion.llama_like import LlamaLikeConverter
+from slime.backends.megatron.conversion.qwen3_moe import Qwen3MoeConverter
 
 _CONVERTERS: dict[str, type[ModelConverter]] = {
     "llama": LlamaLikeConverter,
     "qwen2": LlamaLikeConverter,
     "qwen3": LlamaLikeConverter,
+    "qwen2_moe": Qwen3MoeConverter,
+    "qwen3_moe": Qwen3MoeConverter,
 }
 
 

@@ -1,0 +1,229 @@
+"""Packed (THD) micro-batches and dynamic, token-budgeted micro-batches.
+
+Pure parts: the bin partition and the packed layout. On Ray: packed equals padded (log-probs, loss,
+grad norm) on one rank, and with ``--use-dynamic-batch-size`` two data-parallel ranks whose samples
+need different numbers of micro-batches run the same number and give the fixed-micro-batch loss.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from test_megatron_trainer import make_group, sft_data, trainer_args
+
+from slime.backends.megatron.batching import (
+    check_token_budget,
+    consecutive_groups,
+    even_groups,
+    interleaved_count,
+    make_micro_batches,
+    min_bin_count,
+    pad_to_shape,
+    partition_by_token_budget,
+)
+from slime.config import ConfigError
+
+# ---- the bin partition ---------------------------------------------------------------------------
+
+
+def assert_valid_partition(bins, lengths, budget, num_bins):
+    assert len(bins) == num_bins
+    assert all(bins) and all(b == sorted(b) for b in bins)
+    assert sorted(i for b in bins for i in b) == list(range(len(lengths)))
+    assert all(sum(lengths[i] for i in b) <= budget for b in bins)
+
+
+def test_partition_gives_exactly_the_requested_bins_under_the_budget():
+    rng = random.Random(0)
+    for _ in range(200):
+        lengths = [rng.randint(1, 50) for _ in range(rng.randint(1, 16))]
+        budget = rng.randint(max(lengths), 120)
+        needed = min_bin_count(lengths, budget)
+        assert needed >= -(-sum(lengths) // budget)
+        for num_bins in range(needed, len(lengths) + 1):
+            bins = partition_by_token_budget(lengths, budget, num_bins)
+            assert_valid_partition(bins, lengths, budget, num_bins)
+
+
+def test_partition_balances_tokens_and_falls_back_when_balancing_overflows():
+    # longest-first into the least-loaded bin: loads 12 and 12
+    assert partition_by_token_budget([8, 4, 6, 6], 12, 2) == [[0, 1], [2, 3]]
+    # balancing would give 5+4 and 5+3+3 = 11 > 10; first-fit decreasing fits 5+5 and 4+3+3
+    assert partition_by_token_budget([5, 5, 4, 3, 3], 10, 2) == [[0, 1], [2, 3, 4]]
+    # more bins than first-fit needs: its bins are split, largest first
+    assert_valid_partition(partition_by_token_budget([5, 5, 4, 3, 3], 10, 4), [5, 5, 4, 3, 3], 10, 4)
+
+
+def test_min_bin_count_and_partition_refusals():
+    assert min_bin_count([5, 5, 4, 3, 3], 10) == 2
+    assert min_bin_count([5, 5, 4, 3, 3], 5) == 5
+    with pytest.raises(ValueError, match="exceeds"):
+        min_bin_count([11, 2], 10)
+    with pytest.raises(ValueError, match="non-empty"):
+        partition_by_token_budget([1, 2], 10, 3)
+    with pytest.raises(ValueError, match="need 5 micro-batches"):
+        partition_by_token_budget([5, 5, 4, 3, 3], 5, 4)
+
+
+def test_token_budget_below_the_longest_sample_is_one_config_error():
+    check_token_budget([[1] * 7, [1] * 3], 7)
+    check_token_budget([[1] * 70], None)
+    with pytest.raises(ConfigError) as error:
+        check_token_budget([[1] * 7, [1] * 9], 8)
+    assert error.value.line() == (
+        "error: --max-tokens-per-gpu: 8 is below the longest sample (9 tokens); raise it to at least 9"
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "flag"),
+    [
+        (["--use-dynamic-batch-size"], "--use-dynamic-batch-size"),
+        (["--max-tokens-per-gpu", "64"], "--max-tokens-per-gpu"),
+        (["--use-dynamic-batch-size", "--max-tokens-per-gpu", "0"], "--max-tokens-per-gpu"),
+    ],
+)
+def test_dynamic_batch_flags_come_together(tiny_models, capsys, extra, flag):
+    with pytest.raises(SystemExit) as exc:
+        trainer_args(tiny_models["qwen2"], extra=extra)
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.startswith(f"error: {flag}: ")
+
+
+# ---- the packed layout ---------------------------------------------------------------------------
+
+
+def layout_data():
+    data = sft_data(5)
+    data["loss_weights"] = [1.0] * 5
+    return data
+
+
+def test_packed_row_has_no_padding_between_sequences_and_restarts_positions():
+    data = layout_data()
+    lengths = [len(t) for t in data["tokens"]]
+    (batch,) = make_micro_batches(data, [[1, 2, 4]], torch.device("cpu"), packed=True, pad_to_multiple=8)
+    real = lengths[1] + lengths[2] + lengths[4]
+    pad = -real % 8
+    assert batch.tokens.shape == (1, real + pad)
+    assert batch.tokens[0, :real].tolist() == data["tokens"][1] + data["tokens"][2] + data["tokens"][4]
+    bounds = [0, lengths[1], lengths[1] + lengths[2], real] + ([real + pad] if pad else [])
+    assert batch.cu_seqlens.tolist() == bounds
+    assert batch.max_seqlen == max(lengths[1], lengths[2], lengths[4], pad)
+    expected_positions = [p for n in (lengths[1], lengths[2], lengths[4], pad) for p in range(n)]
+    assert batch.position_ids[0].tolist() == expected_positions
+    assert batch.indices == [1, 2, 4] and batch.samples["tokens"][2] == data["tokens"][4]
+
+
+def test_interleaved_schedule_gets_a_multiple_of_the_pipeline_size():
+    assert [interleaved_count(c, 8, 2) for c in (1, 2, 3, 4)] == [2, 2, 4, 4]
+    assert interleaved_count(3, 3, 2) == 2  # no sample for a fourth: round down
+    assert interleaved_count(5, 7, 4) == 4
+    with pytest.raises(ValueError, match="virtual pipeline"):
+        interleaved_count(1, 1, 2)
+    assert even_groups(7, 3) == [[0, 1, 2], [3, 4], [5, 6]]
+    assert even_groups(4, 4) == [[0], [1], [2], [3]]
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_padding_to_one_shape_keeps_every_response(packed):
+    """Virtual pipeline stages pad every micro-batch of a step to one shape; no sample reads the pad."""
+    data = layout_data()
+    batches = make_micro_batches(data, [[0, 1, 2], [3, 4]], torch.device("cpu"), packed=packed)
+    rows = max(b.tokens.shape[0] for b in batches)
+    length = max(b.tokens.shape[1] for b in batches) + 3
+    for batch in (pad_to_shape(b, rows, length) for b in batches):
+        assert tuple(batch.tokens.shape) == (rows, length) == tuple(batch.position_ids.shape)
+        if packed:
+            assert batch.cu_seqlens[-1] == length and batch.position_ids[0, -3:].tolist()[-1] >= 2
+        for index, got in zip(batch.indices, batch.response_slices(batch.tokens[:, 1:]), strict=True):
+            assert got.tolist() == data["tokens"][index][-data["response_lengths"][index] :]
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_response_slices_select_each_samples_response_tokens(packed):
+    """Position p of a next-token quantity predicts token p + 1: slicing the shifted tokens themselves
+    must give back every sample's response, in either layout."""
+    data = layout_data()
+    batches = make_micro_batches(data, consecutive_groups(5, 3), torch.device("cpu"), packed=packed)
+    assert [b.packed for b in batches] == [packed, packed]
+    assert [len(b.indices) for b in batches] == [3, 2]
+    for batch in batches:
+        slices = batch.response_slices(batch.tokens[:, 1:])
+        for index, got in zip(batch.indices, slices, strict=True):
+            response = data["response_lengths"][index]
+            assert got.tolist() == data["tokens"][index][-response:]
+
+
+# ---- on Ray: packed vs padded, dynamic batches over two data-parallel ranks -----------------------
+
+# Ranks take contiguous halves: rank 0 gets four short samples (one micro-batch would do),
+# rank 1 four long ones (one micro-batch each), so balancing must give rank 0 four micro-batches too.
+LENGTHS = [6, 5, 7, 6, 19, 22, 20, 21]
+BUDGET = 24
+
+
+def varied_data():
+    gen = torch.Generator().manual_seed(3)
+    data = {"tokens": [], "response_lengths": [], "loss_masks": []}
+    for i, length in enumerate(LENGTHS):
+        response = 2 + i % 4
+        data["tokens"].append(torch.randint(3, 99, (length,), generator=gen).tolist())
+        data["response_lengths"].append(response)
+        data["loss_masks"].append([1] * (response - 1) + [i % 2])
+    return data
+
+
+def run_group(tiny_models, world=1, extra=()):
+    """Log-probs and one SFT step's metrics, plus every rank's micro-batch count of that step."""
+    import ray
+    from ray.util.placement_group import remove_placement_group
+
+    group, _, pg = make_group(trainer_args(tiny_models["qwen2"], world=world, extra=list(extra)))
+    try:
+        log_probs = group.compute_log_probs(varied_data())
+        metrics = group.train(varied_data())[0]
+        counts = ray.get([actor.micro_batch_count.remote() for actor in group.actors])
+        if world == 2:
+            too_long = varied_data()
+            too_long["tokens"][0] = too_long["tokens"][0] * 5
+            with pytest.raises(ConfigError, match="--max-tokens-per-gpu"):
+                group.train(too_long)
+        return {"log_probs": log_probs, "metrics": metrics, "counts": counts}
+    finally:
+        group.shutdown()
+        remove_placement_group(pg)
+
+
+@pytest.fixture(scope="module")
+def packed_run(ray_cluster, tiny_models):
+    return run_group(tiny_models)
+
+
+def assert_same_run(ours, ref, loss_rel):
+    assert len(ours["log_probs"]) == len(ref["log_probs"]) == len(LENGTHS)
+    for a, b in zip(ours["log_probs"], ref["log_probs"], strict=True):
+        assert a.shape == b.shape
+        assert (a - b).abs().max().item() <= 1e-6
+    assert ours["metrics"]["loss"] == pytest.approx(ref["metrics"]["loss"], rel=loss_rel, abs=1e-6)
+    assert ours["metrics"]["grad_norm"] == pytest.approx(ref["metrics"]["grad_norm"], rel=1e-5)
+
+
+@pytest.mark.e2e
+def test_packed_equals_padded(packed_run, tiny_models):
+    padded = run_group(tiny_models, extra=["--qkv-format", "bshd"])
+    assert packed_run["counts"] == padded["counts"] == [4]  # --micro-batch-size 2
+    assert_same_run(packed_run, padded, loss_rel=1e-6)
+
+
+@pytest.mark.e2e
+def test_dynamic_batches_balance_data_parallel_ranks(packed_run, tiny_models):
+    halves = [LENGTHS[:4], LENGTHS[4:]]
+    assert [min_bin_count(h, BUDGET) for h in halves] == [1, 4]
+    dynamic = run_group(
+        tiny_models, world=2, extra=["--use-dynamic-batch-size", "--max-tokens-per-gpu", str(BUDGET)]
+    )
+    assert dynamic["counts"] == [4, 4]
+    assert_same_run(dynamic, packed_run, loss_rel=1e-6)

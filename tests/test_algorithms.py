@@ -9,17 +9,27 @@ import pytest
 import torch
 
 from slime.algorithms.advantages import (
+    gae,
     group_normalized_rewards,
+    kl_shaped_rewards,
     masked_whiten,
     outcome_advantages,
+    ppo_advantages,
     reinforce_plus_plus_advantages,
     reinforce_plus_plus_returns,
 )
 from slime.algorithms.kl import kl_estimate
-from slime.algorithms.losses import cispo_loss, gspo_loss, ppo_clip_loss, truncated_is_weights
+from slime.algorithms.losses import (
+    cispo_loss,
+    clipped_value_loss,
+    gspo_loss,
+    ppo_clip_loss,
+    truncated_is_weights,
+)
+from slime.algorithms.mismatch import masked_is_weights, mismatch_token_metrics
 from slime.backends.megatron.batching import MicroBatch
-from slime.backends.megatron.loss import make_policy_loss_fn
-from slime.config.validate import ConfigError, check_implemented
+from slime.backends.megatron.loss import make_policy_loss_fn, make_value_loss_fn
+from slime.config.validate import ConfigError, _check_critic, _check_off_policy_corrections, check_implemented
 
 
 def test_grpo_normalises_each_group_by_its_mean_and_unbiased_std():
@@ -225,6 +235,10 @@ def _policy_args(**overrides) -> argparse.Namespace:
         use_tis=False,
         tis_clip=2.0,
         tis_clip_low=0.0,
+        use_mis=False,
+        mis_level="token",
+        mis_lower_bound=0.5,
+        mis_upper_bound=2.0,
         entropy_coef=0.0,
         use_kl_loss=False,
     )
@@ -234,7 +248,9 @@ def _policy_args(**overrides) -> argparse.Namespace:
 def _micro_batch(**samples) -> MicroBatch:
     lengths = [len(m) for m in samples["loss_masks"]]
     samples["loss_weights"] = [1.0 / sum(sum(m) for m in samples["loss_masks"])] * len(lengths)
-    return MicroBatch(torch.zeros(1), torch.zeros(1), lengths, lengths, samples)
+    index = list(range(len(lengths)))
+    starts = [0] * len(index)
+    return MicroBatch(torch.zeros(1), torch.zeros(1), lengths, lengths, samples, index, index, starts)
 
 
 def test_policy_loss_dispatches_gspo_by_estimator():
@@ -283,6 +299,156 @@ def test_estimator_flags_that_landed_pass_the_not_yet_implemented_check():
     check_implemented(argparse.Namespace(**{**base, "advantage_estimator": "grpo", "eps_clip_c": 3.0}))
     shaped = {**base, "advantage_estimator": "reinforce_plus_plus", "kl_coef": 0.1}
     check_implemented(argparse.Namespace(**{**shaped, "use_kl_loss": True}))
-    for refused in ({**shaped, "use_kl_loss": False}, {**base, "advantage_estimator": "ppo"}):
-        with pytest.raises(ConfigError):
-            check_implemented(argparse.Namespace(**refused))
+    # KL reward shaping without the KL loss, PPO with its critic and engine log-probs as old policy
+    check_implemented(argparse.Namespace(**{**shaped, "advantage_estimator": "grpo"}))
+    ppo = {**base, "advantage_estimator": "ppo", "use_rollout_logprobs": True}
+    check_implemented(argparse.Namespace(**ppo))
+    with pytest.raises(ConfigError, match="--ref-load"):
+        check_implemented(argparse.Namespace(**{**base, "advantage_estimator": "grpo", "ref_load": "/x"}))
+
+
+def test_gae_by_hand_with_discount_and_lambda():
+    rewards, values = torch.tensor([0.0, 0.0, 1.0]), torch.tensor([0.5, 0.2, 0.4])
+    adv, ret = gae(rewards, values, torch.ones(3), gamma=1.0, lambd=1.0)
+    # γ = λ = 1: A_t = (sum of future rewards) - V_t, R_t = 1
+    assert adv.tolist() == pytest.approx([0.5, 0.8, 0.6]) and ret.tolist() == pytest.approx([1.0] * 3)
+    adv, ret = gae(rewards, values, torch.ones(3), gamma=0.5, lambd=0.5)
+    # δ = (-0.4, 0.0, 0.6); A_2 = 0.6, A_1 = 0 + 0.25·0.6, A_0 = -0.4 + 0.25·0.15
+    assert adv.tolist() == pytest.approx([-0.3625, 0.15, 0.6])
+    assert ret.tolist() == pytest.approx([0.1375, 0.35, 1.0])
+
+
+def test_gae_skips_masked_tokens():
+    rewards, values = torch.tensor([0.0, 0.0, 1.0]), torch.tensor([0.5, 9.0, 0.4])
+    adv, ret = gae(rewards, values, torch.tensor([1.0, 0.0, 1.0]), gamma=0.5, lambd=0.5)
+    # the masked token is not a step: token 0 bootstraps from token 2 (δ_0 = 0.5·0.4 - 0.5)
+    assert adv.tolist() == pytest.approx([-0.3 + 0.25 * 0.6, 0.0, 0.6])
+    assert ret.tolist() == pytest.approx([-0.15 + 0.5, 9.0, 1.0])
+
+
+def test_ppo_advantages_shape_rewards_with_kl_and_whiten_over_variable_lengths():
+    values = [torch.zeros(2), torch.tensor([0.5, 0.5, 0.5])]
+    log_probs = [torch.tensor([-1.0, -1.0]), torch.zeros(3)]
+    ref = [torch.tensor([-1.5, -1.0]), torch.zeros(3)]
+    adv, ret = ppo_advantages(
+        [1.0, 0.0], values, log_probs, ref, [[1, 1], [1, 1, 0]], kl_coef=0.1, gamma=1.0, lambd=1.0
+    )
+    # sample 0: token rewards (-0.05, 1) -> returns (0.95, 1); sample 1: outcome 0 on token 1
+    assert ret[0].tolist() == pytest.approx([0.95, 1.0])
+    assert ret[1].tolist() == pytest.approx([0.0, 0.0, 0.5])
+    raw = [0.95, 1.0, -0.5, -0.5]  # unmasked advantages before whitening
+    mean, std = sum(raw) / 4, math.sqrt(sum((x - sum(raw) / 4) ** 2 for x in raw) / 3)
+    assert [len(a) for a in adv] == [2, 3]
+    unmasked = [*adv[0].tolist(), *adv[1][:2].tolist()]
+    assert unmasked == pytest.approx([(x - mean) / std for x in raw], rel=1e-5)
+
+
+def test_kl_shaped_rewards_subtract_the_summed_token_kl():
+    shaped = kl_shaped_rewards(
+        [1.0], [torch.tensor([-1.0, -1.0, -3.0])], [torch.tensor([-1.5, -2.0, 0.0])], [[1, 1, 0]], 0.1
+    )
+    assert shaped == pytest.approx([1.0 - 0.1 * (0.5 + 1.0)])
+
+
+def test_clipped_value_loss_by_hand():
+    values, old, returns = torch.tensor([0.5, 1.0]), torch.zeros(2), torch.tensor([0.6, 0.0])
+    loss, clipped = clipped_value_loss(values, old, returns, value_clip=0.2)
+    # token 0: (0.5-0.6)² = 0.01 < clipped (0.2-0.6)² = 0.16; token 1: 1.0 > (0.2-0)² = 0.04
+    assert loss.tolist() == pytest.approx([0.08, 0.5]) and clipped.tolist() == [1.0, 0.0]
+    plain, none = clipped_value_loss(values, old, returns, value_clip=None)
+    assert plain.tolist() == pytest.approx([0.005, 0.5]) and none.sum().item() == 0
+
+
+def test_value_loss_fn_aggregates_over_unmasked_tokens():
+    batch = _micro_batch(loss_masks=[[1, 0], [1]], values=[[0.0, 0.0], [0.0]], returns=[[1.0, 5.0], [0.0]])
+    loss, metrics = make_value_loss_fn(argparse.Namespace(value_clip=0.2))(
+        batch, [torch.tensor([0.1, 3.0]), torch.tensor([-0.1])], None
+    )
+    # clipped values equal the values here: ½ ((0.9)² + 0.1²) / 2 tokens; the masked token is ignored
+    assert loss.item() == pytest.approx(0.5 * (0.81 + 0.01) / 2)
+    assert metrics["values_mean"].item() == pytest.approx(0.0) and metrics["returns_mean"].item() == 0.5
+
+
+def test_masked_is_drops_tokens_or_sequences_outside_the_bounds():
+    old = torch.zeros(3)
+    rollout = torch.log(torch.tensor([3.0, 1.0, 1 / 1.5]))  # ratios 1/3, 1, 1.5
+    mask = torch.ones(3)
+    weights, kept = masked_is_weights(old, rollout, mask, "token", 0.5, 2.0)
+    assert weights.tolist() == pytest.approx([0.0, 1.0, 1.5]) and kept.tolist() == [0.0, 1.0, 1.0]
+    weights, kept = masked_is_weights(old, rollout, mask, "sequence", 0.4, 2.0)
+    assert weights.tolist() == pytest.approx([0.5] * 3) and kept.tolist() == [1.0] * 3  # product 0.5
+    weights, _ = masked_is_weights(old, rollout, mask, "geometric", 0.4, 2.0)
+    assert weights.tolist() == pytest.approx([0.5 ** (1 / 3)] * 3)
+    # the masked third token leaves the product at 1/3: the whole sequence is dropped
+    weights, kept = masked_is_weights(old, rollout, torch.tensor([1.0, 1.0, 0.0]), "sequence", 0.4, 2.0)
+    assert weights.tolist() == [0.0] * 3 and kept.tolist() == [0.0] * 3
+    huge, _ = masked_is_weights(torch.zeros(2), torch.full((2,), -50.0), torch.ones(2), "sequence", 0.5, 2.0)
+    assert torch.isfinite(huge).all() and huge.sum().item() == 0.0
+
+
+def test_mismatch_metrics_by_hand():
+    train, rollout = torch.tensor([0.0, math.log(0.5)]), torch.zeros(2)
+    metrics = mismatch_token_metrics(train, rollout, tis_clip_low=0.6, tis_clip=2.0)
+    assert metrics["train_rollout_logprob_abs_diff"].tolist() == pytest.approx([0.0, math.log(2)])
+    # k3 of KL(rollout ‖ train): r - 1 - log r with r = π_train/π_rollout = (1, 0.5)
+    assert metrics["train_rollout_kl"].tolist() == pytest.approx([0.0, -0.5 + math.log(2)])
+    assert metrics["train_rollout_tis_clipfrac"].tolist() == [0.0, 1.0]
+
+
+def test_policy_loss_with_mis_masks_tokens_and_logs_the_mismatch():
+    batch = _micro_batch(
+        loss_masks=[[1, 1]],
+        advantages=[[1.0, 1.0]],
+        old_log_probs=[[0.0, 0.0]],
+        rollout_log_probs=[[-math.log(3.0), 0.0]],  # MIS ratios 3 (dropped) and 1
+    )
+    loss, metrics = make_policy_loss_fn(_policy_args(use_mis=True))(batch, [torch.zeros(2)], None)
+    assert loss.item() == pytest.approx(-1.0 / 2)  # only the second token, weight 1, token-mean over 2
+    assert metrics["mis_masked_frac"].item() == pytest.approx(0.5)
+    assert metrics["train_rollout_logprob_abs_diff"].item() == pytest.approx(math.log(3.0) / 2)
+    assert metrics["train_rollout_tis_clipfrac"].item() == pytest.approx(0.5)  # 3 > --tis-clip 2
+
+
+def _algorithm_args(**overrides) -> argparse.Namespace:
+    defaults = dict(
+        use_mis=False,
+        use_tis=False,
+        mis_upper_bound=2.0,
+        mis_lower_bound=None,
+        kl_coef=0.0,
+        custom_advantage_function_path=None,
+        loss_type="policy_loss",
+        value_clip=0.2,
+        num_critic_only_steps=0,
+        critic_num_nodes=1,
+        critic_num_gpus_per_node=1,
+        tensor_model_parallel_size=1,
+        pipeline_model_parallel_size=1,
+        context_parallel_size=1,
+        use_dynamic_batch_size=False,
+        global_batch_size=8,
+        micro_batch_size=2,
+    )
+    return argparse.Namespace(**{**defaults, **overrides})
+
+
+def test_off_policy_and_critic_flags_are_checked():
+    args = _algorithm_args()
+    _check_off_policy_corrections(args)
+    assert args.mis_lower_bound == 0.5  # 1 / --mis-upper-bound
+    for bad, flag in (
+        (dict(use_mis=True, use_tis=True), "--use-mis"),
+        (dict(mis_lower_bound=3.0), "--mis-lower-bound"),
+        (dict(kl_coef=0.1, custom_advantage_function_path="m.f"), "--kl-coef"),
+    ):
+        with pytest.raises(ConfigError, match=flag):
+            _check_off_policy_corrections(_algorithm_args(**bad))
+    _check_critic(_algorithm_args())
+    for bad, flag in (
+        (dict(value_clip=0.0), "--value-clip"),
+        (dict(loss_type="custom_loss"), "--loss-type"),
+        (dict(critic_num_gpus_per_node=3), "--critic-num-gpus-per-node"),  # 8 % (2 × 3)
+        (dict(tensor_model_parallel_size=2, critic_num_gpus_per_node=1), "--critic-num-gpus-per-node"),
+    ):
+        with pytest.raises(ConfigError, match=flag):
+            _check_critic(_algorithm_args(**bad))

@@ -79,6 +79,97 @@ def masked_whiten(
     return [((value.float() - mean) * scale).float() for value in values]
 
 
+def kl_shaped_token_rewards(
+    reward: float,
+    log_probs: torch.Tensor,
+    ref_log_probs: torch.Tensor | None,
+    loss_mask: torch.Tensor,
+    kl_coef: float,
+) -> torch.Tensor:
+    """Per-token rewards of one response: ``-kl_coef · k1(log π - log π_ref)`` on unmasked tokens, plus
+    the outcome reward on the last unmasked token (the last token when none is unmasked).
+
+    REINFORCE++ and PPO's GAE both start from these; ``ref_log_probs`` may be None only with
+    ``kl_coef == 0``.
+    """
+    mask = loss_mask.float()
+    if kl_coef:
+        if ref_log_probs is None:
+            raise ValueError("--kl-coef shapes the reward with KL to the reference: ref_log_probs are needed")
+        token_rewards = -kl_coef * kl_estimate(log_probs, ref_log_probs, "k1") * mask
+    else:
+        token_rewards = torch.zeros_like(mask)
+    unmasked = mask.nonzero()
+    last = int(unmasked[-1]) if len(unmasked) else len(mask) - 1
+    token_rewards[last] += reward
+    return token_rewards
+
+
+def kl_shaped_rewards(
+    rewards: Sequence[float],
+    log_probs: Sequence[torch.Tensor],
+    ref_log_probs: Sequence[torch.Tensor],
+    loss_masks: Sequence[Sequence[int]],
+    kl_coef: float,
+) -> list[float]:
+    """Outcome rewards with the KL penalty folded in: ``r_i - kl_coef · Σ_t m_t k1_t`` (the sum of the
+    token rewards above), for the estimators that see one scalar per sample (as verl does)."""
+    shaped = []
+    for r, lp, ref, m in zip(rewards, log_probs, ref_log_probs, loss_masks, strict=True):
+        kl = kl_estimate(lp, ref, "k1") * torch.as_tensor(m, dtype=torch.float32)
+        shaped.append(float(r) - kl_coef * float(kl.sum()))
+    return shaped
+
+
+def gae(
+    token_rewards: torch.Tensor, values: torch.Tensor, loss_mask: torch.Tensor, gamma: float, lambd: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation (Schulman et al. 2016) over one response: ``(advantages, returns)``.
+
+    ``δ_t = r_t + γ V_{t+1} - V_t``, ``A_t = δ_t + γλ A_{t+1}``, ``R_t = A_t + V_t``, with ``V = 0`` after
+    the last token. Masked tokens (e.g. tool output inside a multi-turn response) are not steps of the
+    trajectory: they are skipped (the recursion links the unmasked tokens around them) and get
+    advantage 0 and return ``V_t``.
+    """
+    values = values.float()
+    advantages = torch.zeros_like(values)
+    next_value, running = 0.0, 0.0
+    for t in range(len(values) - 1, -1, -1):
+        if not loss_mask[t]:
+            continue
+        delta = float(token_rewards[t]) + gamma * next_value - float(values[t])
+        running = delta + gamma * lambd * running
+        advantages[t] = running
+        next_value = float(values[t])
+    return advantages, advantages + values
+
+
+def ppo_advantages(
+    rewards: Sequence[float],
+    values: Sequence[torch.Tensor],
+    log_probs: Sequence[torch.Tensor],
+    ref_log_probs: Sequence[torch.Tensor] | None,
+    loss_masks: Sequence[Sequence[int]],
+    kl_coef: float,
+    gamma: float,
+    lambd: float,
+    reduce: Reduce = _no_reduce,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """PPO with a critic: GAE on the KL-shaped token rewards, ``(whitened advantages, returns)``.
+
+    The advantages are whitened over every unmasked token of the batch (``reduce`` sums the moments over
+    data-parallel ranks); the returns, the critic's targets, are not.
+    """
+    masks = [torch.as_tensor(m, dtype=torch.float32) for m in loss_masks]
+    refs = ref_log_probs if ref_log_probs is not None else [None] * len(masks)
+    results = [
+        gae(kl_shaped_token_rewards(float(r), lp.float(), ref, m, kl_coef), v, m, gamma, lambd)
+        for r, v, lp, ref, m in zip(rewards, values, log_probs, refs, masks, strict=True)
+    ]
+    advantages = masked_whiten([a for a, _ in results], masks, reduce)
+    return advantages, [ret for _, ret in results]
+
+
 def reinforce_plus_plus_returns(
     reward: float,
     log_probs: torch.Tensor,
@@ -92,11 +183,7 @@ def reinforce_plus_plus_returns(
     Token reward ``-kl_coef · k1(log π - log π_ref)`` on unmasked tokens, plus the outcome reward on the
     last unmasked token; ``G_t = r_t + γ · G_{t+1}``.
     """
-    mask = loss_mask.float()
-    token_rewards = -kl_coef * kl_estimate(log_probs, ref_log_probs, "k1") * mask
-    unmasked = mask.nonzero()
-    last = int(unmasked[-1]) if len(unmasked) else len(mask) - 1
-    token_rewards[last] += reward
+    token_rewards = kl_shaped_token_rewards(reward, log_probs, ref_log_probs, loss_mask, kl_coef)
     returns = torch.empty_like(token_rewards)
     running = 0.0
     for t in range(len(token_rewards) - 1, -1, -1):
@@ -139,8 +226,9 @@ def outcome_advantages(
     return broadcast_to_tokens(per_sample, response_lengths)
 
 
-TOKEN_LEVEL_ESTIMATORS = ("reinforce_plus_plus",)
-"""Estimators whose advantages need the policy's (and reference's) per-token log-probs."""
+TOKEN_LEVEL_ESTIMATORS = ("reinforce_plus_plus", "ppo")
+"""Estimators whose advantages need per-token inputs: the policy's (and reference's) log-probs, and for
+``ppo`` the critic's values."""
 
 
 def reinforce_plus_plus_advantages(

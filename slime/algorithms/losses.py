@@ -113,3 +113,21 @@ def truncated_is_weights(
     ratio = (old_log_probs.detach() - rollout_log_probs.detach()).exp()
     weight = ratio.clamp(clip_low, clip_high)
     return weight, (weight != ratio).float()
+
+
+def clipped_value_loss(
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, value_clip: float | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The critic's loss per token: ``½ max((V - R)², (V_clip - R)²)`` with
+    ``V_clip = V_old + clip(V - V_old, ±ε)`` (PPO2's value clip).
+
+    As PPO's policy clip, the value clip keeps one rollout's updates near the values the advantages
+    were computed with; ``value_clip`` None is the plain ``½ (V - R)²``. Also returns 1.0 where the
+    clipped term was the larger one (``value_clipfrac``).
+    """
+    unclipped = (values - returns).square()
+    if value_clip is None:
+        return 0.5 * unclipped, torch.zeros_like(unclipped)
+    clipped_values = old_values + (values - old_values).clamp(-value_clip, value_clip)
+    clipped = (clipped_values - returns).square()
+    return 0.5 * torch.maximum(unclipped, clipped), (clipped > unclipped).float()

@@ -15,7 +15,8 @@ import ray
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from slime.backends.megatron.batching import TrainData
+from slime.backends.megatron.batching import TrainData, check_token_budget
+from slime.ray.cluster import actor_gpus
 from slime.utils.device import worker_env
 from slime.utils.http import free_port
 
@@ -28,6 +29,7 @@ class TrainerActor:
         self.args, self.rank, self.world_size = args, rank, world_size
         self.trainer = None
         self.updater = None
+        self._returns: list[tuple[int, list[float]]] | None = None
 
     def rendezvous_address(self) -> tuple[str, int]:
         address = ray.util.get_node_ip_address()
@@ -37,7 +39,8 @@ class TrainerActor:
         """Builds the model from ``--hf-checkpoint``, resumes ``--load``; returns the loaded rollout id."""
         from slime.backends.megatron.trainer import MegatronTrainer
 
-        self.trainer = MegatronTrainer(self.args, self.rank, self.world_size, master_addr, master_port)
+        with self._memory_region("weights"):
+            self.trainer = MegatronTrainer(self.args, self.rank, self.world_size, master_addr, master_port)
         if self.args.load:
             return self.trainer.load(self.args.load)
         return None
@@ -54,9 +57,42 @@ class TrainerActor:
         reporting = mpu.get_tensor_model_parallel_rank() == 0 and mpu.get_context_parallel_rank() == 0
         return (dp_rank, log_probs) if log_probs is not None and reporting else None
 
-    def train(self, data: TrainData) -> list[dict[str, float]]:
-        """``--num-steps-per-rollout`` optimizer steps over one rollout; metrics of every step."""
-        return [self.trainer.train_step(shard) for shard in self._step_shards(data)]
+    def train(self, data: TrainData, update_policy: bool = True) -> list[dict[str, float]]:
+        """``--num-steps-per-rollout`` optimizer steps over one rollout; metrics of every step.
+
+        ``update_policy`` False (PPO's ``--num-critic-only-steps`` warm-up) prepares the rollout as usual
+        (old/ref log-probs, GAE returns for the critic) but takes no optimizer step."""
+        if self.trainer.offloaded:
+            raise RuntimeError("the trainer's memory is offloaded (--colocate); onload it before training")
+        with self._memory_region("train_state"):  # Adam's state is created at the first step
+            shards = self._step_shards(data)
+            if not update_policy:
+                lr = self.trainer.optimizer.param_groups[0]["lr"]
+                return [{"lr": lr, "skipped": 1.0} for _ in shards]
+            return [self.trainer.train_step(shard) for shard in shards]
+
+    def _memory_region(self, tag: str):
+        """Under --colocate, allocations inside can be offloaded as ``tag`` (torch_memory_saver on GPU)."""
+        from slime.utils.device import memory_region
+
+        return memory_region(tag) if self.args.colocate else contextlib.nullcontext()
+
+    def offload(self, tags: list[str]) -> int:
+        return self.trainer.offload(tags)
+
+    def onload(self, tags: list[str]) -> int:
+        return self.trainer.onload(tags)
+
+    def memory_events(self) -> list:
+        return list(self.trainer.memory.events)
+
+    def returns(self) -> list[tuple[int, list[float]]] | None:
+        """``(position in the rollout, GAE returns)`` of this rank's samples of the last PPO rollout, from
+        one reporting rank per data-parallel shard (None elsewhere): the critic's targets."""
+        from megatron.core import parallel_state as mpu
+
+        reporting = mpu.get_tensor_model_parallel_rank() == 0 and mpu.get_context_parallel_rank() == 0
+        return self._returns if reporting else None
 
     def _step_shards(self, data: TrainData) -> list[TrainData]:
         """This rank's shard of every optimizer step, with the policy loss's inputs when it needs them.
@@ -80,7 +116,7 @@ class TrainerActor:
         if policy and custom:
             fn = getattr(self, "_custom_advantage_fn", None)  # loaded once per actor
             if fn is None:
-                from slime.rollout.sglang_rollout import load_function
+                from slime.utils.plugins import load_function
 
                 fn = self._custom_advantage_fn = load_function(args.custom_advantage_function_path)
             advantages = [[float(x) for x in a] for a in fn(args, data)]
@@ -101,6 +137,8 @@ class TrainerActor:
                 loss_masks=data["loss_masks"],
             )
             data = {**data, "advantages": advantages}
+        # Where each sample sits in the rollout, so that values computed per shard find their sample.
+        data = {**data, "positions": list(range(len(data["tokens"])))}
         dp_rank, dp_size = mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size()
         steps = args.num_steps_per_rollout
         shards = [step_shard(data, s, steps, dp_rank, dp_size, args.loss_agg_mode) for s in range(steps)]
@@ -108,9 +146,40 @@ class TrainerActor:
             return shards
         self.trainer.add_policy_inputs(shards)
         # Only the last pipeline stage has log-probs, and only it computes the loss.
-        if token_level and "old_log_probs" in shards[0]:
-            keys = ("rewards", "old_log_probs", "ref_log_probs", "loss_masks")
-            merged = {k: [v for shard in shards for v in shard[k]] for k in keys if k in shards[0]}
+        if "old_log_probs" not in shards[0]:
+            return shards
+        if token_level:
+            self._token_level_advantages(shards)
+        elif args.kl_coef and not custom:
+            self._kl_shaped_outcome_advantages(data, shards)
+        return shards
+
+    def _token_level_advantages(self, shards: list[TrainData]) -> None:
+        """REINFORCE++ returns or PPO's GAE over this rank's samples of the rollout, whitened with moments
+        summed over the data-parallel ranks; PPO also keeps the returns for the critic (``returns``)."""
+        import torch
+
+        from slime.algorithms import advantages as adv
+
+        args = self.args
+        keys = ("rewards", "old_log_probs", "ref_log_probs", "loss_masks", "values", "positions")
+        merged = {k: [v for shard in shards for v in shard[k]] for k in keys if k in shards[0]}
+        if args.advantage_estimator == "ppo":
+            if "values" not in merged:
+                raise KeyError("ppo needs the critic's values in the train data (TrainerGroup adds them)")
+            advantages, returns = adv.ppo_advantages(
+                merged["rewards"],
+                [torch.as_tensor(v).float() for v in merged["values"]],
+                merged["old_log_probs"],
+                merged.get("ref_log_probs"),
+                merged["loss_masks"],
+                args.kl_coef,
+                args.gamma,
+                args.lambd,
+                reduce=self._sum_over_data_parallel,
+            )
+            self._returns = [(p, r.tolist()) for p, r in zip(merged["positions"], returns, strict=True)]
+        else:
             advantages = adv.reinforce_plus_plus_advantages(
                 merged["rewards"],
                 merged["old_log_probs"],
@@ -120,10 +189,48 @@ class TrainerActor:
                 args.gamma,
                 reduce=self._sum_over_data_parallel,
             )
-            remaining = iter(advantages)
-            for shard in shards:
-                shard["advantages"] = [next(remaining) for _ in shard["tokens"]]
-        return shards
+        remaining = iter(advantages)
+        for shard in shards:
+            shard["advantages"] = [next(remaining) for _ in shard["tokens"]]
+
+    def _kl_shaped_outcome_advantages(self, data: TrainData, shards: list[TrainData]) -> None:
+        """``--kl-coef`` with an outcome-reward estimator: every rank shapes the rewards of its samples
+        (``r - kl_coef · Σ_t k1_t``, which needs its old and reference log-probs), the shaped rewards of
+        the whole rollout are gathered over the data-parallel ranks, and the estimator runs on them
+        (its groups may straddle ranks)."""
+        import torch.distributed as dist
+        from megatron.core import parallel_state as mpu
+
+        from slime.algorithms import advantages as adv
+
+        args = self.args
+        keys = ("rewards", "old_log_probs", "ref_log_probs", "loss_masks", "positions")
+        merged = {k: [v for shard in shards for v in shard[k]] for k in keys}
+        shaped = adv.kl_shaped_rewards(
+            merged["rewards"],
+            merged["old_log_probs"],
+            merged["ref_log_probs"],
+            merged["loss_masks"],
+            args.kl_coef,
+        )
+        parts = [list(zip(merged["positions"], shaped, strict=True))]
+        group = mpu.get_data_parallel_group()
+        if dist.get_world_size(group) > 1:
+            parts = [None] * dist.get_world_size(group)
+            dist.all_gather_object(parts, list(zip(merged["positions"], shaped, strict=True)), group=group)
+        rewards = list(data["rewards"])
+        for position, reward in (item for part in parts for item in part):
+            rewards[position] = reward
+        advantages = adv.outcome_advantages(
+            rewards,
+            data["response_lengths"],
+            args.n_samples_per_prompt,
+            args.advantage_estimator,
+            normalize_std=not args.disable_grpo_std_normalization,
+            loss_masks=data["loss_masks"],
+        )
+        for shard in shards:
+            shard["advantages"] = [advantages[p] for p in shard["positions"]]
 
     def _sum_over_data_parallel(self, value: Any) -> Any:
         import torch.distributed as dist
@@ -137,22 +244,39 @@ class TrainerActor:
         return value.cpu()
 
     def hf_state_dict(self) -> dict | None:
-        return self.trainer.hf_state_dict()
+        with self._on_device(["weights"]):
+            return self.trainer.hf_state_dict()
+
+    @contextlib.contextmanager
+    def _on_device(self, tags: list[str]):
+        """Brings offloaded groups back for a call (a save between colocated rollouts), then offloads them."""
+        back = [tag for tag in tags if self.trainer.memory.is_offloaded(tag)]
+        self.trainer.onload(back)
+        try:
+            yield
+        finally:
+            self.trainer.offload(back)
+
+    def micro_batch_count(self) -> int:
+        """Micro-batches this rank ran in its last forward/backward pass."""
+        return self.trainer.num_micro_batches
 
     def connect_engines(self, engine_urls: list[str], ranks_per_engine: int) -> None:
-        from slime.weight_sync.distributed import DistributedWeightUpdater
+        from slime.weight_sync.transport import build_weight_updater
 
-        self.updater = DistributedWeightUpdater(self.args, self.trainer)
+        self.updater = build_weight_updater(self.args, self.trainer)
         self.updater.connect(engine_urls, ranks_per_engine)
 
     def update_weights(self, weight_version: str) -> dict[str, float]:
         return self.updater.update(weight_version)
 
     def save(self, directory: str, rollout_id: int) -> str:
-        return self.trainer.save(directory, rollout_id)
+        with self._on_device(["weights", "train_state"]):
+            return self.trainer.save(directory, rollout_id)
 
     def save_hf(self, directory: str) -> str | None:
-        return self.trainer.save_hf(directory)
+        with self._on_device(["weights"]):
+            return self.trainer.save_hf(directory)
 
     def close(self) -> None:
         if self.updater is not None:
@@ -162,15 +286,30 @@ class TrainerActor:
 
 
 class TrainerGroup:
-    """The trainer world: one actor per bundle, initialised together, called together."""
+    """The trainer world: one actor per bundle, initialised together, called together.
 
-    def __init__(self, args: argparse.Namespace, pg: PlacementGroup, bundle_indices: list[int]) -> None:
+    With ``critic`` (``--advantage-estimator ppo``; a second group of the same class, see
+    ``slime.ray.critic``) this group drives both: the critic values the rollout, the actor computes GAE
+    from those values and trains the policy (not during the first ``--num-critic-only-steps``
+    rollouts), then the critic trains on the returns. ``init``, ``save`` and ``shutdown`` cover both.
+    """
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        pg: PlacementGroup,
+        bundle_indices: list[int],
+        critic: TrainerGroup | None = None,
+    ) -> None:
         self.args = args
+        self.critic = critic
+        self.next_rollout = 0
         world_size = len(bundle_indices)
         env = {"runtime_env": {"env_vars": worker_env(processes_per_node=world_size)}}
         self.actors = [
             TrainerActor.options(
                 num_cpus=0,
+                num_gpus=actor_gpus(args, "trainer"),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index),
                 **env,
             ).remote(args, rank, world_size)
@@ -179,19 +318,44 @@ class TrainerGroup:
 
     def init(self) -> int | None:
         """Builds every rank; returns the rollout id a ``--load`` checkpoint ended at (None: fresh)."""
-        addr, port = ray.get(self.actors[0].rendezvous_address.remote())
-        loaded = ray.get([actor.init.remote(addr, port) for actor in self.actors])
-        return loaded[0]
+        groups = [self, self.critic] if self.critic is not None else [self]
+        pending = []
+        for group in groups:  # both worlds build at the same time
+            addr, port = ray.get(group.actors[0].rendezvous_address.remote())
+            pending.append([actor.init.remote(addr, port) for actor in group.actors])
+        loaded = next(ray.get(refs)[0] for refs in pending)
+        self.next_rollout = 0 if loaded is None else loaded + 1
+        return loaded
 
     def _call(self, method: str, *args: Any) -> list:
         return ray.get([getattr(actor, method).remote(*args) for actor in self.actors])
 
     def train(self, data: TrainData) -> list[dict[str, float]]:
         """Trains on one rollout; returns rank 0's per-step metrics (already reduced over the world)."""
-        return self._call("train", ray.put(data))[0]
+        check_token_budget(data["tokens"], self.args.max_tokens_per_gpu)
+        rollout_id, self.next_rollout = self.next_rollout, self.next_rollout + 1
+        if self.critic is None:
+            return self._call("train", ray.put(data))[0]
+        data = {**data, "values": self.critic.compute_values(data)}
+        update_policy = rollout_id >= self.args.num_critic_only_steps
+        actor_metrics = self._call("train", ray.put(data), update_policy)[0]
+        parts = sorted(item for part in self._call("returns") if part for item in part)
+        if [position for position, _ in parts] != list(range(len(data["tokens"]))):
+            raise RuntimeError(f"GAE returns came back for {len(parts)} of {len(data['tokens'])} samples")
+        critic_metrics = self.critic.train({**data, "returns": [ret for _, ret in parts]})
+        return [
+            {**actor, **{f"critic/{key}": value for key, value in critic.items()}}
+            for actor, critic in zip(actor_metrics, critic_metrics, strict=True)
+        ]
+
+    def compute_values(self, data: TrainData) -> list:
+        """The critic's per-token values of every sample: its value head's output through the forward
+        that gives the actor's log-probs."""
+        return self.compute_log_probs(data)
 
     def compute_log_probs(self, data: TrainData, temperature: float = 1.0) -> list:
         """Response log-probs of every sample, in order (gathered from the last pipeline stage)."""
+        check_token_budget(data["tokens"], self.args.max_tokens_per_gpu)
         results = self._call("compute_log_probs", ray.put(data), temperature)
         shards = sorted(result for result in results if result is not None)
         return [log_prob for _, part in shards for log_prob in part]
@@ -200,6 +364,8 @@ class TrainerGroup:
         return self._call("hf_state_dict")[0]
 
     def save(self, rollout_id: int) -> str:
+        if self.critic is not None and self.critic.args.save:
+            self.critic.save(rollout_id)
         return self._call("save", self.args.save, rollout_id)[0]
 
     def save_hf(self, directory: str) -> str:
@@ -209,6 +375,20 @@ class TrainerGroup:
     def connect_engines(self, engine_urls: list[str], ranks_per_engine: int) -> None:
         """Opens the weight-update groups between the trainer and every engine."""
         self._call("connect_engines", engine_urls, ranks_per_engine)
+
+    def offload(self, tags: list[str]) -> int:
+        """--colocate: moves ``weights`` and/or ``train_state`` off every rank's GPU (the critic's too);
+        returns the bytes freed in all."""
+        freed = self.critic.offload(tags) if self.critic is not None else 0
+        return freed + sum(self._call("offload", tags))
+
+    def onload(self, tags: list[str]) -> int:
+        restored = self.critic.onload(tags) if self.critic is not None else 0
+        return restored + sum(self._call("onload", tags))
+
+    def memory_events(self) -> list:
+        """Rank 0's offload/onload transitions (``slime.utils.device.MemoryEvent``), oldest first."""
+        return self._call("memory_events")[0]
 
     def update_weights(self, weight_version: str) -> dict[str, float]:
         """Pushes the current weights to every engine; bytes summed over the senders (one per PP stage)."""
@@ -221,7 +401,9 @@ class TrainerGroup:
         }
 
     def shutdown(self) -> None:
-        """Closes the process groups and kills the actors; safe to call twice."""
+        """Closes the process groups and kills the actors (the critic's too); safe to call twice."""
+        if self.critic is not None:
+            self.critic.shutdown()
         if not self.actors:
             return
         # Best effort: the actors may already be dead or stuck; they are killed right after.

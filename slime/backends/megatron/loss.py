@@ -9,7 +9,7 @@ way (so that summing over micro-batches and data-parallel ranks gives global val
 
 * ``batch`` is a :class:`~slime.backends.megatron.batching.MicroBatch`; ``batch.per_sample(key, device)``
   gives one tensor per sample for ``loss_masks``, ``advantages``, ``old_log_probs``, ``ref_log_probs``
-  (with ``--use-kl-loss``), ``rollout_log_probs`` (when the rollout has them) and ``rewards``;
+  (with ``--use-kl-loss`` or ``--kl-coef``), ``rollout_log_probs`` (when the rollout has them), ``rewards``;
   ``batch.samples["loss_weights"]`` are the per-sample aggregation weights.
 * ``log_probs`` / ``entropy``: one 1-D tensor per sample over its response tokens (``entropy`` may be None).
 * ``loss`` (a scalar tensor with grad) and every ``metrics`` value (scalar tensors) must be this
@@ -28,10 +28,23 @@ import torch
 
 from slime.algorithms.aggregation import weighted_token_sum
 from slime.algorithms.kl import kl_estimate
-from slime.algorithms.losses import cispo_loss, gspo_loss, ppo_clip_loss, sft_loss, truncated_is_weights
+from slime.algorithms.losses import (
+    cispo_loss,
+    clipped_value_loss,
+    gspo_loss,
+    ppo_clip_loss,
+    sft_loss,
+    truncated_is_weights,
+)
+from slime.algorithms.mismatch import masked_is_weights, mismatch_token_metrics
 from slime.backends.megatron.batching import MicroBatch
 
 LossFn = Callable[[MicroBatch, list[torch.Tensor], list[torch.Tensor] | None], tuple[torch.Tensor, dict]]
+
+
+def needs_reference(args: argparse.Namespace) -> bool:
+    """A frozen reference policy is kept whenever KL is used: as a loss or as reward shaping."""
+    return args.loss_type != "value_loss" and (args.use_kl_loss or args.kl_coef != 0.0)
 
 
 def with_entropy_bonus(
@@ -73,9 +86,9 @@ def policy_token_losses(args: argparse.Namespace) -> Callable[..., tuple]:
 
 def make_policy_loss_fn(args: argparse.Namespace) -> LossFn:
     """Clipped policy loss (PPO / dual-clip PPO, GSPO or CISPO by ``--advantage-estimator``) with optional
-    truncated importance sampling, KL-to-reference and entropy terms. Needs per-sample ``advantages``
-    and ``old_log_probs``; ``ref_log_probs`` with ``--use-kl-loss``; ``rollout_log_probs`` (the
-    engine's) with ``--use-tis``, and otherwise only for the mismatch metric."""
+    truncated or masked importance sampling, KL-to-reference and entropy terms. Needs per-sample
+    ``advantages`` and ``old_log_probs``; ``ref_log_probs`` with ``--use-kl-loss``; ``rollout_log_probs``
+    (the engine's) with ``--use-tis`` / ``--use-mis``, and otherwise only for the mismatch metrics."""
     token_losses = policy_token_losses(args)
 
     def policy_loss_fn(batch: MicroBatch, log_probs: list[torch.Tensor], entropy: list[torch.Tensor] | None):
@@ -100,6 +113,17 @@ def make_policy_loss_fn(args: argparse.Namespace) -> LossFn:
             token_loss = [loss * w for loss, (w, _) in zip(token_loss, tis, strict=True)]
             metrics["tis"] = weighted_token_sum([w for w, _ in tis], masks, weights)
             metrics["tis_clipfrac"] = weighted_token_sum([c for _, c in tis], masks, weights)
+        if args.use_mis:
+            if "rollout_log_probs" not in batch.samples:
+                raise KeyError("--use-mis needs the engine's rollout_log_probs in the train data")
+            rollout = batch.per_sample("rollout_log_probs", device)
+            mis = [
+                masked_is_weights(o, r, m, args.mis_level, args.mis_lower_bound, args.mis_upper_bound)
+                for o, r, m in zip(old, rollout, masks, strict=True)
+            ]
+            token_loss = [loss * w for loss, (w, _) in zip(token_loss, mis, strict=True)]
+            metrics["mis"] = weighted_token_sum([w for w, _ in mis], masks, weights)
+            metrics["mis_masked_frac"] = weighted_token_sum([1.0 - k for _, k in mis], masks, weights)
         pg_loss = weighted_token_sum(token_loss, masks, weights)
         metrics.update(
             pg_loss=pg_loss.detach(),
@@ -115,16 +139,49 @@ def make_policy_loss_fn(args: argparse.Namespace) -> LossFn:
             loss = loss + args.kl_loss_coef * kl_loss
         if "rollout_log_probs" in batch.samples:
             rollout = batch.per_sample("rollout_log_probs", device)
-            diffs = [(lp.detach() - r).abs() for lp, r in zip(log_probs, rollout, strict=True)]
-            metrics["train_rollout_logprob_abs_diff"] = weighted_token_sum(diffs, masks, weights)
+            per_token = [
+                mismatch_token_metrics(lp, r, args.tis_clip_low, args.tis_clip)
+                for lp, r in zip(log_probs, rollout, strict=True)
+            ]
+            for key in per_token[0] if per_token else ():
+                metrics[key] = weighted_token_sum([t[key] for t in per_token], masks, weights)
         return loss, metrics
 
     return policy_loss_fn
 
 
+def make_value_loss_fn(args: argparse.Namespace) -> LossFn:
+    """The critic's loss (``--advantage-estimator ppo``): clipped value loss against the GAE returns.
+
+    ``log_probs`` are the value head's per-token values here (the critic runs the same forward with a
+    scalar head). Needs per-sample ``values`` (the critic's values at rollout time, for the clip) and
+    ``returns``; metrics ``value_loss``, ``value_clipfrac``, ``values_mean``, ``returns_mean``.
+    """
+
+    def value_loss_fn(batch: MicroBatch, values: list[torch.Tensor], _entropy: list[torch.Tensor] | None):
+        device = values[0].device
+        masks = batch.per_sample("loss_masks", device)
+        weights = batch.samples["loss_weights"]
+        old = batch.per_sample("values", device)
+        returns = batch.per_sample("returns", device)
+        parts = [
+            clipped_value_loss(v, o, r, args.value_clip) for v, o, r in zip(values, old, returns, strict=True)
+        ]
+        loss = weighted_token_sum([p[0] for p in parts], masks, weights)
+        metrics = {
+            "value_loss": loss.detach(),
+            "value_clipfrac": weighted_token_sum([p[1] for p in parts], masks, weights),
+            "values_mean": weighted_token_sum([v.detach() for v in values], masks, weights),
+            "returns_mean": weighted_token_sum(returns, masks, weights),
+        }
+        return loss, metrics
+
+    return value_loss_fn
+
+
 def make_custom_loss_fn(args: argparse.Namespace) -> LossFn:
     """``--custom-loss-function-path`` bound to ``args`` (see the module docstring for the contract)."""
-    from slime.rollout.sglang_rollout import load_function
+    from slime.utils.plugins import load_function
 
     fn = load_function(args.custom_loss_function_path)
 
@@ -137,6 +194,8 @@ def make_custom_loss_fn(args: argparse.Namespace) -> LossFn:
 def build_loss_fn(args: argparse.Namespace) -> LossFn:
     if args.loss_type == "custom_loss":
         return make_custom_loss_fn(args)
+    if args.loss_type == "value_loss":  # set on the critic's copy of the arguments only
+        return make_value_loss_fn(args)
     losses = {"sft_loss": sft_loss_fn, "policy_loss": make_policy_loss_fn(args)}
     try:
         return losses[args.loss_type]

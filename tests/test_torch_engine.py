@@ -494,6 +494,7 @@ from torch.distributed.distributed_c10d import (
 )
 port, name = int(sys.argv[1]), sys.argv[2]
 timeout = datetime.timedelta(seconds=60)
+print("imported", flush=True)  # the store is up a moment later, well within the engine's rendezvous timeout
 store, rank, world = next(rendezvous(f"tcp://127.0.0.1:{port}", 0, 2, timeout=timeout))
 store.set_timeout(timeout)
 pg, _ = _new_process_group_helper(
@@ -517,6 +518,9 @@ def test_weight_group_meets_a_trainer_built_the_sglang_way(engine, restore_weigh
         text=True,
     )
     try:
+        # Joining starts the engine's DIST_TIMEOUT_S rendezvous clock; importing torch in a fresh process
+        # can take longer than that on a loaded machine, so join only once the trainer is about to host.
+        assert trainer.stdout.readline().strip() == "imported"
         init = {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2}
         init.update(group_name="sglang_wug", backend="gloo")
         assert requests.post(f"{engine}/init_weights_update_group", json=init).json()["success"]

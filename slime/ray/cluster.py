@@ -7,24 +7,40 @@ scheduling are exactly those of a GPU cluster.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from slime.ray.critic import critic_gpus
 from slime.utils.device import has_gpu
 
 
 def trainer_gpus(args: argparse.Namespace) -> int:
-    return args.actor_num_nodes * args.actor_num_gpus_per_node
+    """GPUs of the trainer group; none with --debug-rollout-only, which starts no trainer."""
+    return 0 if args.debug_rollout_only else args.actor_num_nodes * args.actor_num_gpus_per_node
+
+
+# Under --colocate a trainer rank and an engine hold the same bundle's GPU, so each asks for a share
+# of it (Ray still gives both that GPU's CUDA_VISIBLE_DEVICES); the shares leave room for small probes.
+COLOCATED_GPU_SHARE = {"trainer": 0.4, "engine": 0.2}
+
+
+def actor_gpus(args: argparse.Namespace, role: str) -> float:
+    """The ``num_gpus`` a trainer or engine actor requests on its bundle: all of it, or a colocated share."""
+    return COLOCATED_GPU_SHARE[role] if args.colocate else 1
 
 
 def total_gpus(args: argparse.Namespace) -> int:
-    """Bundles the run needs: trainers and engines share them when colocated."""
+    """Bundles the run needs: trainers and engines share them when colocated; PPO's critic has its own."""
     rollout = 0 if args.debug_train_only else (args.rollout_num_gpus or 0)
     if args.colocate:
-        return max(trainer_gpus(args), rollout)
-    return trainer_gpus(args) + rollout
+        return max(trainer_gpus(args), rollout) + critic_gpus(args)
+    return trainer_gpus(args) + rollout + critic_gpus(args)
 
 
 def start_ray(args: argparse.Namespace) -> None:
@@ -50,3 +66,49 @@ def create_placement_group(num_bundles: int) -> PlacementGroup:
 def release_placement_group(pg: PlacementGroup | None) -> None:
     if pg is not None:
         remove_placement_group(pg)
+
+
+@dataclass(frozen=True)
+class BundleLocation:
+    """Where Ray put one bundle: its node and the GPU index Ray gave it there."""
+
+    index: int
+    node_ip: str
+    gpu_id: int
+
+
+@ray.remote(num_cpus=0, num_gpus=0.01)
+def _where() -> tuple[str, int]:
+    """Node and GPU of the bundle it runs on (a sliver of a GPU, so it fits beside colocated actors)."""
+    return ray.util.get_node_ip_address(), int(ray.get_gpu_ids()[0])
+
+
+def locate_bundles(
+    pg: PlacementGroup, indices: Iterable[int], timeout_s: float = 120.0
+) -> list[BundleLocation]:
+    """Node and GPU of each bundle in ``indices``: a PACK placement group says which bundles share a
+    node, not in which order, and Ray numbers bundles independently of GPU indices."""
+    indices = list(indices)
+    refs = [
+        _where.options(
+            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index)
+        ).remote()
+        for index in indices
+    ]
+    places = ray.get(refs, timeout=timeout_s)
+    return [BundleLocation(index, ip, gpu) for index, (ip, gpu) in zip(indices, places, strict=True)]
+
+
+def by_node_and_gpu(locations: Iterable[BundleLocation]) -> list[BundleLocation]:
+    """Bundles grouped by node, GPUs ascending within a node: consecutive ranks share a node, so
+    Megatron's tensor-parallel groups and an engine's GPUs stay inside one node."""
+    return sorted(locations, key=lambda loc: (ipaddress.ip_address(loc.node_ip).packed, loc.gpu_id))
+
+
+def bundle_order(pg: PlacementGroup, num_bundles: int) -> list[int]:
+    """The placement group's bundle indices packed by node and GPU index: rank i gets entry i.
+
+    On a one-node cluster every order keeps each group inside the node: the bundles are not probed."""
+    if sum(1 for node in ray.nodes() if node["Alive"]) == 1:
+        return list(range(num_bundles))
+    return [loc.index for loc in by_node_and_gpu(locate_bundles(pg, range(num_bundles)))]

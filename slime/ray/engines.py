@@ -18,6 +18,7 @@ import logging
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +26,13 @@ import ray
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from slime.config.sglang_args import server_flags
+from slime.ray.cluster import BundleLocation, actor_gpus, by_node_and_gpu, locate_bundles
 from slime.utils.http import ServerProcess, ServerStartError, free_port, is_ok, post_json_sync
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_START_TIMEOUT_S = 300.0
-# --sglang-* options slime sets itself for every engine; a user value would break the placement.
-MANAGED_SERVER_ARGS = ("model_path", "host", "port", "tp_size")
 
 
 class EngineStartError(RuntimeError):
@@ -51,22 +52,6 @@ def resolve_backend(args: argparse.Namespace) -> str:
     return "sglang" if has_gpu() else "torch"
 
 
-def server_flags(server_args: dict[str, Any]) -> list[str]:
-    """``args.sglang_server_args`` back into command-line flags (``{"a_b": "1"}`` -> ``--a-b 1``)."""
-    flags: list[str] = []
-    for name, value in server_args.items():
-        flag = "--" + name.replace("_", "-")
-        if value is True:
-            flags.append(flag)
-        elif value is False or value is None:
-            continue
-        elif isinstance(value, (list, tuple)):
-            flags += [flag, *(str(v) for v in value)]
-        else:
-            flags += [flag, str(value)]
-    return flags
-
-
 def torch_engine_command(
     args: argparse.Namespace, host: str, port: int, *, engine_rank: int, num_gpus: int
 ) -> list[str]:
@@ -75,56 +60,139 @@ def torch_engine_command(
     The torch engine honours the SGLang options it implements and exits with status 2 naming any
     other, so an unsupported option fails start-up instead of being dropped silently.
     """
-    passed = dict(args.sglang_server_args or {})
-    managed = sorted(name for name in MANAGED_SERVER_ARGS if name in passed)
-    if managed:
-        flags = ", ".join("--sglang-" + name.replace("_", "-") for name in managed)
-        raise EngineStartError(
-            f"{flags} is set by slime for each engine (from --hf-checkpoint, the placement and "
-            "--rollout-num-gpus-per-engine); drop it"
-        )
+    passed = dict(args.sglang_server_args or {})  # slime's own fields are refused by validation
     argv = [sys.executable, "-m", "slime.backends.torch_engine"]
     argv += ["--model-path", str(Path(args.hf_checkpoint).resolve())]
     argv += ["--host", host, "--port", str(port)]
     if num_gpus != 1:
         argv += ["--tp-size", str(num_gpus)]  # refused by the torch engine with a clear line
-    passed.setdefault("random_seed", args.rollout_seed + engine_rank)
+    passed["random_seed"] = args.rollout_seed + engine_rank
     passed.setdefault("log_level", str(getattr(args, "log_level", "info")).lower())
     return argv + server_flags(passed)
 
 
 def engine_command(
-    args: argparse.Namespace, host: str, port: int, *, backend: str, engine_rank: int, num_gpus: int
+    args: argparse.Namespace,
+    host: str,
+    port: int,
+    *,
+    backend: str,
+    engine_rank: int,
+    num_gpus: int,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    dist_init_addr: str | None = None,
 ) -> list[str]:
-    """The one switch between the engine backends: the argv of one engine server."""
+    """The one switch between the engine backends: the argv of one engine server (process)."""
     if backend == "torch":
         return torch_engine_command(args, host, port, engine_rank=engine_rank, num_gpus=num_gpus)
     if backend == "sglang":
         from slime.backends import sglang
 
-        return sglang.server_command(args, host, port, engine_rank=engine_rank, num_gpus=num_gpus)
+        return sglang.server_command(
+            args,
+            host,
+            port,
+            engine_rank=engine_rank,
+            num_gpus=num_gpus,
+            nccl_port=free_port(),
+            nnodes=nnodes,
+            node_rank=node_rank,
+            dist_init_addr=dist_init_addr,
+        )
     raise ValueError(f"unknown rollout backend {backend!r}; expected sglang or torch")
+
+
+@dataclass(frozen=True)
+class EngineNode:
+    """The part of one engine on one node: one actor and one server process.
+
+    ``bundle_index`` is the bundle the actor runs on; ``gpu_ids`` are the GPUs of all the engine's
+    bundles on that node (empty: just the actor's own GPU). An engine has ``nnodes`` of these.
+    """
+
+    engine_rank: int
+    num_gpus: int
+    bundle_index: int
+    nnodes: int = 1
+    node_rank: int = 0
+    gpu_ids: tuple[int, ...] = ()
+
+
+def plan_engine_nodes(
+    locations: list[BundleLocation], per_engine: int, gpus_per_node: int
+) -> list[list[EngineNode]]:
+    """Splits the rollout bundles into engines of ``per_engine`` GPUs, packed by node and GPU index.
+
+    An engine larger than a node takes ``per_engine // gpus_per_node`` whole nodes (one server
+    process each); a smaller one must sit on a single node. Raises ``EngineStartError`` naming the
+    engine and its nodes when the bundles do not allow that.
+    """
+    nnodes = max(1, per_engine // gpus_per_node)
+    per_node = per_engine // nnodes
+    ordered = by_node_and_gpu(locations)
+    engines = []
+    for rank in range(len(ordered) // per_engine):
+        bundles = ordered[rank * per_engine : (rank + 1) * per_engine]
+        parts = [bundles[k * per_node : (k + 1) * per_node] for k in range(nnodes)]
+        nodes_of_parts = [{loc.node_ip for loc in part} for part in parts]
+        if any(len(ips) != 1 for ips in nodes_of_parts) or len(set().union(*nodes_of_parts)) != nnodes:
+            where = ", ".join(f"{loc.node_ip}:GPU{loc.gpu_id}" for loc in bundles)
+            raise EngineStartError(
+                f"engine {rank} needs {per_engine} GPUs on {nnodes} node(s), {per_node} per node, but "
+                f"its bundles are {where}; make --rollout-num-gpus-per-engine divide each node's rollout GPUs"
+            )
+        engines.append(
+            [
+                EngineNode(rank, per_engine, part[0].index, nnodes, k, tuple(loc.gpu_id for loc in part))
+                for k, part in enumerate(parts)
+            ]
+        )
+    return engines
 
 
 @ray.remote(num_gpus=1)
 class EngineActor:
-    """One engine: starts its server on this node, reports the URL, stops it on ``shutdown``."""
+    """One engine (or one node of a multi-node engine): starts its server on this node, reports the
+    URL, stops it on ``shutdown``."""
 
-    def __init__(self, args: argparse.Namespace, rank: int, num_gpus: int, log_dir: str) -> None:
-        self.args, self.rank, self.num_gpus = args, rank, num_gpus
-        self.log_path = Path(log_dir) / f"engine_{rank}.log"
+    def __init__(self, args: argparse.Namespace, node: EngineNode, log_dir: str) -> None:
+        self.args, self.node = args, node
+        self.rank = node.engine_rank
+        suffix = f"_node{node.node_rank}" if node.nnodes > 1 else ""
+        self.log_path = Path(log_dir) / f"engine_{self.rank}{suffix}.log"
         self.server: ServerProcess | None = None
         self.url: str | None = None
 
-    def start(self, timeout_s: float = DEFAULT_START_TIMEOUT_S) -> str:
-        """Starts the server and waits until it generates; returns its URL (raises with the log tail)."""
+    def dist_init_addr(self) -> str:
+        """``host:port`` where the server processes of a multi-node engine meet (asked of node 0)."""
+        return f"{ray.util.get_node_ip_address()}:{free_port()}"
+
+    def start(self, timeout_s: float = DEFAULT_START_TIMEOUT_S, dist_init_addr: str | None = None) -> str:
+        """Starts the server and waits until it generates; returns its URL (raises with the log tail).
+
+        Nodes other than an engine's first answer ``/health_generate`` once their ranks joined it.
+        """
         host = ray.util.get_node_ip_address()
         port = free_port()
         backend = resolve_backend(self.args)
+        node = self.node
         argv = engine_command(
-            self.args, host, port, backend=backend, engine_rank=self.rank, num_gpus=self.num_gpus
+            self.args,
+            host,
+            port,
+            backend=backend,
+            engine_rank=self.rank,
+            num_gpus=node.num_gpus,
+            nnodes=node.nnodes,
+            node_rank=node.node_rank,
+            dist_init_addr=dist_init_addr,
         )
-        self.server = ServerProcess(f"{backend} engine {self.rank}", argv, self.log_path, dict(os.environ))
+        env = dict(os.environ)
+        if node.gpu_ids:  # all the engine's GPUs on this node, not only the actor's own
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, node.gpu_ids))
+        name = f"{backend} engine {self.rank}" + (f" node {node.node_rank}" if node.nnodes > 1 else "")
+        self.server = ServerProcess(name, argv, self.log_path, env)
         self.server.start()
         url = f"http://{host}:{port}"
         try:
@@ -162,23 +230,43 @@ class EnginePool:
         num_engines = len(bundle_indices) // per_engine
         per_node = max(1, min(num_engines, args.num_gpus_per_node // per_engine))
         env = worker_env(processes_per_node=per_node)
+        if per_engine == 1:  # one bundle per engine: nothing to group, no need to locate bundles
+            engines = [[EngineNode(rank, 1, index)] for rank, index in enumerate(bundle_indices)]
+        else:
+            locations = locate_bundles(pg, bundle_indices)
+            engines = plan_engine_nodes(locations, per_engine, args.num_gpus_per_node)
+        self.nodes = [node for engine in engines for node in engine]
         self.actors = [
             EngineActor.options(
                 num_cpus=0,
+                num_gpus=actor_gpus(args, "engine"),  # a share of the GPU under --colocate
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    pg, placement_group_bundle_index=bundle_indices[rank * per_engine]
+                    pg, placement_group_bundle_index=node.bundle_index
                 ),
                 runtime_env={"env_vars": env},
-            ).remote(args, rank, per_engine, log_dir)
-            for rank in range(num_engines)
+            ).remote(args, node, log_dir)
+            for node in self.nodes
         ]
         self.urls: list[str] = []
 
     def start(self, timeout_s: float = DEFAULT_START_TIMEOUT_S) -> list[str]:
-        """Starts every engine; the first failure stops them all and raises ``EngineStartError``."""
+        """Starts every engine; the first failure stops them all and raises ``EngineStartError``.
+
+        Returns the URL of each engine's first node, the only one serving the HTTP API.
+        """
         if not self.actors:
             return []
-        refs = [actor.start.remote(timeout_s) for actor in self.actors]
+        spanning = [
+            (node.engine_rank, actor)
+            for node, actor in zip(self.nodes, self.actors, strict=True)
+            if node.nnodes > 1 and node.node_rank == 0
+        ]
+        addresses = ray.get([actor.dist_init_addr.remote() for _, actor in spanning])
+        meet_at = {rank: address for (rank, _), address in zip(spanning, addresses, strict=True)}
+        refs = [
+            actor.start.remote(timeout_s, meet_at.get(node.engine_rank))
+            for node, actor in zip(self.nodes, self.actors, strict=True)
+        ]
         pending = list(refs)
         try:
             while pending:
@@ -188,7 +276,8 @@ class EnginePool:
             self.shutdown()
             cause = exc.cause if exc.cause is not None else exc
             raise EngineStartError(str(cause)) from None
-        self.urls = ray.get(refs)
+        urls = ray.get(refs)
+        self.urls = [url for node, url in zip(self.nodes, urls, strict=True) if node.node_rank == 0]
         return list(self.urls)
 
     def pids(self) -> list[int | None]:

@@ -2,26 +2,32 @@
 
 Per pipeline stage, the stage's first rank (data-, context- and tensor-parallel rank 0) opens one
 group with every engine rank (``/init_weights_update_group``, SGLang's protocol: the trainer is rank
-0). For each bucket of ``--update-weight-buffer-size`` bytes of full HF tensors it announces names,
-dtypes and shapes (``/update_weights_from_distributed``) and broadcasts the tensors; the engines
-load them by HF name. Only the tensor-parallel group that holds that first rank gathers shards; the
-other replicas skip the sync entirely. Every call and collective has a timeout: a failed sync raises.
+0). Each bucket of ``--update-weight-buffer-size`` bytes of full HF tensors is packed into one
+buffer per dtype, announced with its names, dtypes and shapes (``/update_weights_from_distributed``,
+``load_format="flattened_bucket"``) and broadcast in one collective; the engines load the tensors by
+HF name. Two staging buffers alternate, so packing the next bucket overlaps the current broadcast.
+Only the tensor-parallel group that holds that first rank gathers shards; the other replicas
+skip the sync entirely, except under expert parallelism, whose expert gathers span data-parallel
+ranks: there every rank gathers and only the first sends. Every call and collective has a timeout:
+a failed sync raises.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import time
+from collections.abc import Callable
 
 import ray
-import torch
 from megatron.core import parallel_state as mpu
 
 from slime.utils.device import distributed_backend
 from slime.utils.http import free_port
-from slime.weight_sync.bucketing import iter_buckets
+from slime.weight_sync.bucketing import iter_packed_buckets
 from slime.weight_sync.engine_client import post_all
-from slime.weight_sync.process_group import broadcast_from_rank0, create_weight_update_group
+from slime.weight_sync.ipc import FlattenedBucket, StagingBuffer
+from slime.weight_sync.process_group import create_weight_update_group, start_broadcast_from_rank0
 
 
 class DistributedWeightUpdater:
@@ -32,9 +38,12 @@ class DistributedWeightUpdater:
         self.engine_urls: list[str] = []
         self.group = None
         self.group_name = f"slime-pp{mpu.get_pipeline_model_parallel_rank()}"
+        self._staging = (StagingBuffer(shared=False), StagingBuffer(shared=False))
 
     @property
     def _in_sending_replica(self) -> bool:
+        if mpu.get_expert_model_parallel_world_size() > 1:
+            return True  # every rank holds experts the sender needs (iter_hf_weights all-gathers them)
         return mpu.get_data_parallel_rank() == 0 and mpu.get_context_parallel_rank() == 0
 
     @property
@@ -73,35 +82,54 @@ class DistributedWeightUpdater:
         if not self._in_sending_replica:
             return {}
         start = time.perf_counter()
+        weights = self.trainer.iter_hf_weights()
+        if not self._is_sender:
+            for _ in weights:  # the other tensor-parallel ranks only take part in the gathers
+                pass
+            return {}
         num_bytes = 0
-        buckets = iter_buckets(self.trainer.iter_hf_weights(), self.args.update_weight_buffer_size)
-        pending = None
-        for bucket in buckets:
-            if not self._is_sender:
-                continue  # the other tensor-parallel ranks only take part in the gathers
-            if pending is not None:
-                self._send(pending, version=None)
-            pending = bucket
-            num_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
-        if self._is_sender and pending is not None:
-            self._send(pending, version=weight_version)  # the version flips with the last bucket
+        in_flight: Callable[[], None] | None = None
+        try:
+            for bucket, is_last in iter_packed_buckets(
+                weights, self.args.update_weight_buffer_size, self._staging
+            ):  # the next bucket is packed while the previous one is on the wire
+                if in_flight is not None:
+                    in_flight()
+                in_flight = self._start_send(bucket, weight_version if is_last else None)
+                num_bytes += bucket.nbytes
+            if in_flight is not None:
+                in_flight()
+        finally:
+            for staging in self._staging:
+                staging.release()
         return {"update_weights_bytes": float(num_bytes), "update_weights_time": time.perf_counter() - start}
 
-    def _send(self, bucket: list[tuple[str, torch.Tensor]], version: str | None) -> None:
+    def _start_send(self, bucket: FlattenedBucket, version: str | None) -> Callable[[], None]:
+        """Announces ``bucket`` and starts its broadcast; the returned call waits for both to finish.
+
+        SGLang's ``flattened_bucket`` form of ``/update_weights_from_distributed``: the engine
+        allocates one uint8 buffer for the listed tensors, receives it in a single broadcast and
+        views the tensors out of it in order.
+        """
         payload = {
-            "names": [name for name, _ in bucket],
-            "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
-            "shapes": [list(t.shape) for _, t in bucket],
+            "names": [m.name for m in bucket.metadata],
+            "dtypes": [str(m.dtype).removeprefix("torch.") for m in bucket.metadata],
+            "shapes": [list(m.shape) for m in bucket.metadata],
             "group_name": self.group_name,
+            "load_format": "flattened_bucket",
             "flush_cache": version is not None,
         }
         if version is not None:
             payload["weight_version"] = version
         replies = post_all(self.engine_urls, "/update_weights_from_distributed", payload, self.timeout)
-        for _, tensor in bucket:
-            broadcast_from_rank0(self.group, tensor.contiguous(), self.timeout)
-        for reply in replies:
-            reply.result()
+        work = start_broadcast_from_rank0(self.group, bucket.flattened_tensor, self.timeout)
+
+        def wait() -> None:
+            work.wait(datetime.timedelta(seconds=self.timeout))
+            for reply in replies:
+                reply.result()
+
+        return wait
 
     def disconnect(self) -> None:
         if self._is_sender and self.group is not None:

@@ -62,11 +62,15 @@ def create_weight_update_group(
     return group
 
 
-def broadcast_from_rank0(group: dist.ProcessGroup, tensor: torch.Tensor, timeout_s: float) -> None:
-    """Receive (or, on rank 0, send) `tensor` in place; raises if the peer does not show up in time."""
+def start_broadcast_from_rank0(group: dist.ProcessGroup, tensor: torch.Tensor, timeout_s: float) -> dist.Work:
+    """Start receiving (or, on rank 0, sending) `tensor` in place; `wait` on the result (see below)."""
     options = dist.BroadcastOptions()
     options.rootRank = 0
     options.rootTensor = 0
     options.timeout = datetime.timedelta(seconds=timeout_s)
-    work = group.broadcast([tensor], options)
-    work.wait(datetime.timedelta(seconds=timeout_s))
+    return group.broadcast([tensor], options)
+
+
+def broadcast_from_rank0(group: dist.ProcessGroup, tensor: torch.Tensor, timeout_s: float) -> None:
+    """Receive (or, on rank 0, send) `tensor` in place; raises if the peer does not show up in time."""
+    start_broadcast_from_rank0(group, tensor, timeout_s).wait(datetime.timedelta(seconds=timeout_s))

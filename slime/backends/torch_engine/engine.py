@@ -8,10 +8,12 @@ while the trainer sends, and only the final copy into the parameters pauses gene
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import logging
 import os
+import time
 from typing import Any
 
 import torch
@@ -22,12 +24,14 @@ from slime.backends.torch_engine.protocol import GenerateInput, ProtocolError
 from slime.backends.torch_engine.sampling import RowSampling
 from slime.backends.torch_engine.scheduler import Request, Scheduler
 from slime.backends.torch_engine.server_args import ServerArgs
+from slime.weight_sync import ipc
 from slime.weight_sync.process_group import DEFAULT_TIMEOUT_S, create_weight_update_group
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_RUNNING_REQUESTS = 64
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
+MAX_EVENTS = 256
 # Seconds a weight-update collective may wait for its peer (env override for slow CI machines).
 DIST_TIMEOUT_S = float(os.environ.get("SLIME_TORCH_ENGINE_DIST_TIMEOUT", DEFAULT_TIMEOUT_S))
 
@@ -65,12 +69,21 @@ class TorchEngine:
         self.scheduler.weight_version = args.weight_version
         self.weights = weights.WeightStore(self.runner.model)
         self.groups: dict[str, Any] = {}
+        # Flattened buckets are received into one reused buffer per group: the updates of a group
+        # come one at a time (the trainer waits for each answer), each loaded before it is answered.
+        self.receive_buffers: dict[str, ipc.StagingBuffer] = {}
         self.dist_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="weight-update")
         self.released: set[str] = set()
+        # Memory releases/resumes and weight loads in the order they happened (newest last), reported
+        # by /get_server_info as `memory_events`: the colocated schedule is checked against it.
+        self.events: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_EVENTS)
         self.shutting_down = False
 
     def start(self) -> None:
         self.scheduler.start()
+
+    def record(self, event: str, **fields: Any) -> None:
+        self.events.append({"event": event, "at": time.time(), **fields})
 
     # ---- requests -------------------------------------------------------------------------------
 
@@ -175,6 +188,7 @@ class TorchEngine:
             weight_version=self.weight_version,
             ignored_server_args=self.args.ignored,
             internal_states=[self.scheduler.internal_state()],
+            memory_events=list(self.events),
             version="torch-engine",
             engine="slime.backends.torch_engine",
         )
@@ -198,7 +212,12 @@ class TorchEngine:
             self.runner.cache.clear()
         if "weights" in tags:
             self.weights.release()
+            for buffer in self.receive_buffers.values():
+                buffer.release()
         self.released.update(t for t in tags if t != "cuda_graph")
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()  # hand the freed blocks back to the driver, for the trainer
+        self.record("release_memory_occupation", tags=tags)
 
     def resume_memory(self, tags: list[str] | None) -> None:
         tags = list(tags or MEMORY_TAGS)
@@ -208,6 +227,7 @@ class TorchEngine:
         if "weights" in tags:
             self.weights.resume()
         self.released.difference_update(tags)
+        self.record("resume_memory_occupation", tags=tags)
 
     def load_weights(
         self, named_tensors: list[tuple[str, torch.Tensor]], weight_version: str | None, flush_cache: bool
@@ -261,10 +281,12 @@ class TorchEngine:
             device or torch.device("cpu"),
             flattened=body.get("load_format") == "flattened_bucket",
             timeout_s=DIST_TIMEOUT_S,
+            staging=self.receive_buffers.setdefault(name, ipc.StagingBuffer(shared=False)),
         )
 
     def destroy_group(self, name: str) -> tuple[bool, str]:
         group = self.groups.pop(name, None)
+        self.receive_buffers.pop(name, None)
         if group is None:
             return False, "The group to be destroyed does not exist."
         try:

@@ -253,6 +253,8 @@ async def update_weights_from_distributed(request: web.Request) -> web.Response:
     except Exception as exc:
         logger.error("update_weights_from_distributed failed: %s", exc)
         ok, message = False, f"Failed to update weights: {exc}"
+    if ok:
+        engine.record("update_weights_from_distributed", version=body.get("weight_version"))
     return _result(ok, message)
 
 
@@ -267,11 +269,14 @@ async def update_weights_from_tensor(request: web.Request) -> web.Response:
             await _on_scheduler(engine, engine.scheduler.abort_all)
         # One entry per TP rank; this engine is TP rank 0 of a TP-1 engine.
         tensors = await asyncio.get_running_loop().run_in_executor(
-            None, weights.deserialize_named_tensors, entries[0]
+            None, weights.deserialize_named_tensors, entries[0], body.get("load_format")
         )
         ok, message = await _apply(engine, body, tensors)
+        del tensors  # they map the sender's memory: release it as soon as the copy is done
     except Exception as exc:
         ok, message = False, f"Failed to update weights: {exc}"
+    if ok:
+        engine.record("update_weights_from_tensor", version=body.get("weight_version"))
     return _result(ok, message)
 
 
@@ -292,6 +297,7 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
         ok, message = False, f"Failed to update weights: {exc}"
     if ok:
         engine.model_path = str(Path(path).resolve())
+        engine.record("update_weights_from_disk", version=body.get("weight_version"))
     return _result(ok, message, num_paused_requests=0)
 
 

@@ -2,33 +2,29 @@
 
 Process group: ``slime.weight_sync.process_group`` (shared with the trainer side).
 
-Tensor payload. Real SGLang passes `serialized_named_tensors` (one base64 string per TP rank) made by its
-MultiprocessingSerializer: a ForkingPickler dump whose CUDA tensors travel as CUDA IPC handles. On CPU
-there is no IPC handle to share, so `serialize_named_tensors` / `deserialize_named_tensors` define this
-engine's encoding: base64 of `torch.save({"format", "names", "tensors"})` (or a flattened uint8 bucket
-plus metadata), read back with `torch.load(weights_only=True)` (no arbitrary pickle). The colocated
-path should call this pair and nothing else, so that switching it to shared-memory handles later
-changes one place.
+Tensor payload. `serialized_named_tensors` (one base64 string per TP rank) is SGLang's
+MultiprocessingSerializer encoding, implemented once in `slime.weight_sync.ipc`: CUDA tensors travel as
+CUDA IPC handles, CPU tensors as shared-memory file names, so the engine maps the trainer's buffer and
+copies it into its parameters; only a restricted unpickler reads it.
 """
 
 from __future__ import annotations
 
-import base64
-import io
 import logging
+import pickle
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from slime.weight_sync import ipc
 from slime.weight_sync.process_group import broadcast_from_rank0
 
 logger = logging.getLogger(__name__)
 
-PAYLOAD_FORMAT = "slime.torch_engine.named_tensors.v1"
-BUCKET_FORMAT = "slime.torch_engine.flattened_bucket.v1"
 # Checkpoint keys that are derived buffers rather than weights; safetensors files may carry them.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -41,11 +37,14 @@ def receive_tensors(
     device: torch.device,
     flattened: bool,
     timeout_s: float,
+    staging: ipc.StagingBuffer | None = None,
 ) -> list[tuple[str, torch.Tensor]]:
     """Receive the tensors of one update_weights_from_distributed call, in the order rank 0 sends them.
 
     One broadcast per tensor, or with `flattened` (load_format "flattened_bucket") one uint8 broadcast
     holding every tensor's bytes back to back in the given order, as SGLang's FlattenedTensorBucket.
+    A flattened bucket lands in `staging` when given (warm pages, reused by the next call: the
+    tensors must be loaded before it), else in a fresh buffer.
     """
     if not (len(names) == len(dtypes) == len(shapes)):
         raise ValueError("names, dtypes and shapes must have the same length")
@@ -58,7 +57,12 @@ def receive_tensors(
             tensors.append((name, tensor))
         return tensors
     sizes = [torch.Size(s).numel() * d.itemsize for s, d in zip(shapes, torch_dtypes, strict=True)]
-    buffer = torch.empty(sum(sizes), dtype=torch.uint8, device=device)
+    total = sum(sizes)
+    buffer = (
+        staging.take(total, device)
+        if staging is not None
+        else torch.empty(total, dtype=torch.uint8, device=device)
+    )
     broadcast_from_rank0(group, buffer, timeout_s)
     tensors, offset = [], 0
     for name, dtype, shape, size in zip(names, torch_dtypes, shapes, sizes, strict=True):
@@ -83,49 +87,25 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
 def serialize_named_tensors(
     named_tensors: Iterable[tuple[str, torch.Tensor]], flattened: bool = False
 ) -> str:
-    """Encode `(name, tensor)` pairs as one `serialized_named_tensors` entry (a base64 string).
+    """Encode `(name, tensor)` pairs as one `serialized_named_tensors` entry (`slime.weight_sync.ipc`).
 
-    `flattened` packs every tensor's bytes into one uint8 tensor plus metadata (SGLang's
-    "flattened_bucket" load format: one buffer instead of many small tensors). Tensors are moved to CPU.
+    `flattened` packs them into one buffer per call (load_format "flattened_bucket"; one dtype).
     """
-    pairs = [(name, tensor.detach().cpu().contiguous()) for name, tensor in named_tensors]
+    pairs = [(name, tensor.detach().contiguous()) for name, tensor in named_tensors]
     if flattened:
-        metadata, chunks, offset = [], [], 0
-        for name, tensor in pairs:
-            raw = tensor.reshape(-1).view(torch.uint8)
-            metadata.append(
-                {
-                    "name": name,
-                    "dtype": str(tensor.dtype).removeprefix("torch."),
-                    "shape": list(tensor.shape),
-                    "start": offset,
-                    "end": offset + raw.numel(),
-                }
-            )
-            chunks.append(raw)
-            offset += raw.numel()
-        flat = torch.cat(chunks) if chunks else torch.empty(0, dtype=torch.uint8)
-        payload: dict[str, Any] = {"format": BUCKET_FORMAT, "metadata": metadata, "flattened_tensor": flat}
-    else:
-        payload = {"format": PAYLOAD_FORMAT, "names": [n for n, _ in pairs], "tensors": [t for _, t in pairs]}
-    buffer = io.BytesIO()
-    torch.save(payload, buffer)
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
+        return ipc.serialize(ipc.FlattenedBucket.from_named_tensors(pairs).payload())
+    return ipc.serialize(pairs)
 
 
-def deserialize_named_tensors(data: str | bytes) -> list[tuple[str, torch.Tensor]]:
-    """Decode one `serialize_named_tensors` entry back into `(name, tensor)` pairs (CPU tensors)."""
-    raw = base64.b64decode(data)
-    payload = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
-    if not isinstance(payload, dict) or payload.get("format") not in (PAYLOAD_FORMAT, BUCKET_FORMAT):
-        raise ValueError("serialized_named_tensors entry is not in the torch engine's format")
-    if payload["format"] == PAYLOAD_FORMAT:
-        return list(zip(payload["names"], payload["tensors"], strict=True))
-    flat = payload["flattened_tensor"]
-    return [
-        (m["name"], flat[m["start"] : m["end"]].view(parse_dtype(m["dtype"])).reshape(m["shape"]))
-        for m in payload["metadata"]
-    ]
+def deserialize_named_tensors(
+    data: str | bytes, load_format: str | None = None
+) -> list[tuple[str, torch.Tensor]]:
+    """Decode one entry into `(name, tensor)` pairs that map the sender's memory (copy them at once)."""
+    try:
+        payload = ipc.deserialize(data)
+    except (pickle.UnpicklingError, ValueError, EOFError) as exc:
+        raise ValueError(f"serialized_named_tensors entry could not be decoded: {exc}") from exc
+    return ipc.named_tensors_from_payload(payload, load_format)
 
 
 # ---- loading into the model ---------------------------------------------------------------------
@@ -144,9 +124,53 @@ def iter_safetensors(model_path: str) -> Iterator[tuple[str, torch.Tensor]]:
                 yield name, handle.get_tensor(name)
 
 
+@dataclass(frozen=True)
+class ExpertSlice:
+    """One expert's HF weight (``...mlp.experts.{e}.{gate,up,down}_proj.weight``) inside a fused tensor.
+
+    transformers 5 holds a MoE layer's experts as two 3-D parameters, ``gate_up_proj`` [E, 2I, H]
+    (gate rows first, then up: the forward chunks the projection in two) and ``down_proj`` [E, H, I],
+    or with ``is_transposed`` [E, H, 2I] and [E, I, H]. Trainers and SGLang name the experts one by
+    one, so each such name is a view of its parameter: expert ``e``, in HF's [out, in] orientation,
+    and for gate/up one half of the rows.
+    """
+
+    param: torch.nn.Parameter
+    expert: int
+    transposed: bool
+    half: int | None  # 0: gate rows, 1: up rows of gate_up_proj; None: all of down_proj
+
+    def view(self, full: torch.Tensor) -> torch.Tensor:
+        weight = full[self.expert]
+        if self.transposed:
+            weight = weight.transpose(0, 1)
+        if self.half is not None:
+            rows = weight.shape[0] // 2
+            weight = weight[self.half * rows : (self.half + 1) * rows]
+        return weight
+
+
+def expert_slices(model: torch.nn.Module) -> dict[str, ExpertSlice]:
+    """Per-expert HF names of every fused expert module (``gate_up_proj`` and ``down_proj``, 3-D)."""
+    slices: dict[str, ExpertSlice] = {}
+    for prefix, module in model.named_modules():
+        gate_up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+        if not (isinstance(gate_up, torch.nn.Parameter) and isinstance(down, torch.nn.Parameter)):
+            continue
+        if gate_up.dim() != 3 or down.dim() != 3:
+            continue
+        transposed = bool(getattr(module, "is_transposed", False))
+        for e in range(gate_up.shape[0]):
+            slices[f"{prefix}.{e}.gate_proj.weight"] = ExpertSlice(gate_up, e, transposed, 0)
+            slices[f"{prefix}.{e}.up_proj.weight"] = ExpertSlice(gate_up, e, transposed, 1)
+            slices[f"{prefix}.{e}.down_proj.weight"] = ExpertSlice(down, e, transposed, None)
+    return slices
+
+
 class WeightStore:
     """The model's parameters by HF name: validated loading, reading, and memory release/resume.
 
+    A name is a parameter's own, or one expert's slice of a fused expert parameter (``ExpertSlice``).
     Released parameters keep their Parameter objects (tied weights stay tied) but point at empty
     storage; loading a released parameter allocates it again, so weights can be pushed before or after
     `resume()`.
@@ -155,28 +179,44 @@ class WeightStore:
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         self.params = dict(model.named_parameters(remove_duplicate=False))
+        self.slices = expert_slices(model)
         self._released: dict[int, tuple[torch.Size, torch.dtype, torch.device]] = {}
 
     @property
     def released(self) -> bool:
         return bool(self._released)
 
+    def _known(self, name: str) -> bool:
+        return name in self.params or name in self.slices
+
     def check(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
         """Raise ValueError naming the first problems (unknown names, shape mismatches) before any copy."""
-        unknown = [n for n, _ in named_tensors if n not in self.params and not n.endswith(_IGNORED_SUFFIXES)]
+        unknown = [n for n, _ in named_tensors if not self._known(n) and not n.endswith(_IGNORED_SUFFIXES)]
         if unknown:
             raise ValueError(f"unknown parameter names (HF names expected): {unknown[:5]}")
         wrong = [
             f"{n}: got {list(t.shape)}, expected {list(self._shape(n))}"
             for n, t in named_tensors
-            if n in self.params and tuple(t.shape) != tuple(self._shape(n))
+            if self._known(n) and tuple(t.shape) != tuple(self._shape(n))
         ]
         if wrong:
             raise ValueError(f"shape mismatch: {wrong[:5]}")
 
-    def _shape(self, name: str) -> torch.Size:
-        param = self.params[name]
+    def _full_shape(self, param: torch.nn.Parameter) -> torch.Size:
         return self._released.get(id(param), (param.shape,))[0]
+
+    def _shape(self, name: str) -> torch.Size:
+        if name in self.params:
+            return self._full_shape(self.params[name])
+        piece = self.slices[name]
+        return piece.view(torch.empty(self._full_shape(piece.param), device="meta")).shape
+
+    def _allocated(self, param: torch.nn.Parameter) -> torch.nn.Parameter:
+        """``param``, given storage again if it was released (its other values are undefined)."""
+        if id(param) in self._released:
+            shape, dtype, device = self._released.pop(id(param))
+            param.data = torch.empty(shape, dtype=dtype, device=device)
+        return param
 
     @torch.no_grad()
     def load(self, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
@@ -184,24 +224,27 @@ class WeightStore:
         self.check(named_tensors)
         count = 0
         for name, tensor in named_tensors:
-            param = self.params.get(name)
-            if param is None:
+            if name in self.params:
+                target = self._allocated(self.params[name]).data
+            elif name in self.slices:
+                piece = self.slices[name]
+                target = piece.view(self._allocated(piece.param).data)
+            else:
                 continue
-            if id(param) in self._released:
-                shape, dtype, device = self._released.pop(id(param))
-                param.data = torch.empty(shape, dtype=dtype, device=device)
-            param.data.copy_(tensor.to(param.device))
+            target.copy_(tensor.to(target.device))
             count += 1
         return count
 
     def get(self, name: str, truncate_size: int) -> list[Any]:
         """SGLang's get_weights_by_name: `param.float().tolist()[:truncate_size]` (rows for a matrix)."""
-        if name not in self.params:
+        if not self._known(name):
             raise KeyError(f"no parameter named {name!r}")
-        param = self.params[name]
+        piece = self.slices.get(name)
+        param = self.params[name] if piece is None else piece.param
         if id(param) in self._released:
             raise RuntimeError(f"{name} is released (release_memory_occupation); resume or update it first")
-        return param.detach().float().cpu().tolist()[:truncate_size]
+        value = param.detach() if piece is None else piece.view(param.detach())
+        return value.float().cpu().tolist()[:truncate_size]
 
     def release(self) -> None:
         """Free every parameter's storage (the GPU-memory release SGLang's memory saver does)."""

@@ -1,0 +1,59 @@
+"""Weight sync through the filesystem: an HF safetensors snapshot per version, loaded by every engine.
+
+The slowest transport, and the one that reaches any engine that can read the directory: engines
+outside the Ray cluster (``--rollout-external-engine-addrs``), engines on other networks, engines
+restarted between versions. Global rank 0 writes ``<dir>/weights_v<version>`` (the trainer's
+``save_hf``: safetensors plus the source checkpoint's config and tokenizer files) under a temporary
+name and renames it when complete, so an engine never reads half a snapshot; then every engine gets
+``/update_weights_from_disk``. Older snapshots are deleted once all engines have the new one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import time
+from pathlib import Path
+
+from slime.weight_sync.engine_client import post_all
+
+SNAPSHOT_PREFIX = "weights_v"
+
+
+class DiskWeightUpdater:
+    def __init__(self, args: argparse.Namespace, trainer) -> None:
+        self.args = args
+        self.trainer = trainer
+        self.root = Path(args.update_weight_disk_dir)
+        self.timeout = float(args.update_weights_timeout)
+        self.engine_urls: list[str] = []
+
+    def connect(self, engine_urls: list[str], ranks_per_engine: int) -> None:
+        self.engine_urls = list(engine_urls)
+
+    def update(self, weight_version: str) -> dict[str, float]:
+        """Writes the snapshot (collective: every rank gathers its shards to rank 0) and has it loaded."""
+        start = time.perf_counter()
+        final = self.root / f"{SNAPSHOT_PREFIX}{weight_version}"
+        partial = self.root / f".{final.name}.partial"
+        written = self.trainer.save_hf(str(partial))
+        if written is None:  # not global rank 0
+            return {}
+        shutil.rmtree(final, ignore_errors=True)
+        partial.rename(final)
+        num_bytes = sum(f.stat().st_size for f in final.glob("*.safetensors"))
+        payload = {
+            "model_path": str(final.resolve()),
+            "weight_version": weight_version,
+            "flush_cache": True,
+            "abort_all_requests": False,
+        }
+        for reply in post_all(self.engine_urls, "/update_weights_from_disk", payload, self.timeout):
+            reply.result()
+        for old in self.root.glob(f"{SNAPSHOT_PREFIX}*"):
+            if old != final and old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+        return {"update_weights_bytes": float(num_bytes), "update_weights_time": time.perf_counter() - start}
+
+    def disconnect(self) -> None:
+        self.engine_urls = []

@@ -1,0 +1,273 @@
+"""GPU check for one node: run it where slime will train, before a long job.
+
+    python tests/gpu/check_gpu.py            # prints one line per check, exits 1 if any failed
+
+1. megatron-core on CUDA in bf16: the tiny model from its HF checkpoint, one SFT optimizer step
+   (forward, backward, optimizer) through slime's own trainer; loss finite, weights changed.
+2. The torch engine on CUDA: started as slime starts engines, one greedy generation over HTTP.
+3. Colocated handoff through CUDA IPC: weights packed and serialized by ``slime.weight_sync.ipc`` (the
+   code the colocated updater runs) are (a) loaded by the CUDA engine through
+   ``/update_weights_from_tensor`` and read back exactly, (b) opened by a second process that
+   checksums them, for ``--handoff-gb`` of bf16 tensors, with GB/s.
+
+Without CUDA every check is skipped (exit 0) and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+
+
+def tiny_model(root: Path) -> Path:
+    from tools.make_tiny_model import make_tiny_model
+
+    return make_tiny_model(root / "qwen2")
+
+
+def check_megatron_bf16(model: Path, root: Path) -> dict[str, float]:
+    """One bf16 SFT step of megatron-core on CUDA (NCCL world of one) through ``MegatronTrainer``."""
+    from conftest import model_args
+
+    from slime.backends.megatron.trainer import MegatronTrainer
+    from slime.config import parse_args
+    from slime.ray.train_data import step_shard
+    from slime.utils.http import free_port
+
+    args = parse_args(
+        [
+            *model_args(),
+            "--hf-checkpoint", str(model),
+            "--debug-train-only",
+            "--loss-type", "sft_loss",
+            "--bf16",
+            "--rollout-batch-size", "4",
+            "--global-batch-size", "4",
+            "--micro-batch-size", "2",
+            "--lr", "1e-3",
+            "--lr-decay-style", "constant",
+            "--num-rollout", "1",
+        ]
+    )  # fmt: skip
+    trainer = MegatronTrainer(args, 0, 1, "127.0.0.1", free_port())
+    try:
+        gen = torch.Generator().manual_seed(0)
+        data = {"tokens": [], "response_lengths": [], "loss_masks": []}
+        for i in range(4):
+            data["tokens"].append(torch.randint(3, 40, (12 + i,), generator=gen).tolist())
+            data["response_lengths"].append(4)
+            data["loss_masks"].append([1] * 4)
+        data = step_shard(data, 0, 1, 0, 1, args.loss_agg_mode)  # as a trainer rank prepares its shard
+        before = {name: t.clone() for name, t in trainer.iter_hf_weights()}
+        assert all(t.is_cuda for t in before.values()), "the trainer's weights are not on CUDA"
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        metrics = trainer.train_step(data)
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        after = dict(trainer.iter_hf_weights())
+        changed = sum(not torch.equal(before[n], after[n]) for n in before)
+        assert torch.isfinite(torch.tensor(metrics["loss"])), metrics
+        assert changed > 0, "no weight changed after an optimizer step"
+        return {
+            "step_s": seconds,
+            "loss": metrics["loss"],
+            "grad_norm": metrics["grad_norm"],
+            "changed": changed,
+        }
+    finally:
+        trainer.close()
+
+
+def start_cuda_engine(model: Path, root: Path):
+    from slime.utils.http import ServerProcess, free_port, is_ok
+
+    port = free_port()
+    argv = [sys.executable, "-m", "slime.backends.torch_engine", "--model-path", str(model)]
+    argv += ["--port", str(port), "--device", "cuda", "--random-seed", "0"]
+    server = ServerProcess("torch engine (cuda)", argv, root / "engine.log", dict(os.environ))
+    server.start()
+    url = f"http://127.0.0.1:{port}"
+    server.wait_ready(lambda: is_ok(f"{url}/health_generate", timeout=10), 300)
+    return server, url
+
+
+def check_engine_generate(url: str) -> dict[str, float]:
+    from slime.utils.http import get_json, post_json_sync
+
+    assert get_json(f"{url}/get_server_info")["device"].startswith("cuda")
+    start = time.perf_counter()
+    reply = post_json_sync(
+        f"{url}/generate",
+        {
+            "input_ids": [1, 2, 3],
+            "sampling_params": {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True},
+        },
+    )
+    seconds = time.perf_counter() - start
+    assert len(reply["output_ids"]) == 16, reply
+    return {"generate_s": seconds, "tokens": 16}
+
+
+def check_engine_ipc_update(url: str, model: Path) -> dict[str, float]:
+    """The engine loads CUDA-IPC-shared buckets through /update_weights_from_tensor; values read back."""
+    from slime.backends.torch_engine.weights import iter_safetensors
+    from slime.utils.http import post_json_sync
+    from slime.weight_sync import ipc
+
+    gen = torch.Generator().manual_seed(1)
+    state = {
+        n: torch.randn(t.shape, generator=gen).to(t.dtype).cuda() for n, t in iter_safetensors(str(model))
+    }
+    start = time.perf_counter()
+    for named in ipc.split_by_dtype(state.items()):
+        bucket = ipc.FlattenedBucket.from_named_tensors(named)
+        reply = post_json_sync(
+            f"{url}/update_weights_from_tensor",
+            {
+                "serialized_named_tensors": [ipc.serialize(bucket.payload())],
+                "load_format": "flattened_bucket",
+                "flush_cache": True,
+                "weight_version": "ipc",
+            },
+            timeout=120,
+        )
+        assert reply["success"], reply
+    seconds = time.perf_counter() - start
+    for name, tensor in state.items():
+        got = torch.tensor(
+            post_json_sync(f"{url}/get_weights_by_name", {"name": name, "truncate_size": 10**9})
+        )
+        assert torch.equal(got.reshape(tensor.shape), tensor.float().cpu()), (
+            f"{name} differs after the handoff"
+        )
+    return {"update_s": seconds, "tensors": len(state)}
+
+
+def _receiver(conn) -> None:
+    """Second process: open each handle, copy into its own memory (timed), then checksum the copy."""
+    from slime.weight_sync import ipc
+
+    torch.cuda.set_device(0)
+    torch.zeros(1, device="cuda")  # CUDA context up before the first timed handoff
+    conn.send("ready")
+    while True:
+        message = conn.recv()
+        if message is None:
+            return
+        start = time.perf_counter()
+        tensors = ipc.named_tensors_from_payload(ipc.deserialize(message), "flattened_bucket")
+        copies = [t.clone() for _, t in tensors]
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        del tensors  # the sender may free its buffer now
+        conn.send((seconds, [checksum(t) for t in copies]))
+
+
+def checksum(tensor: torch.Tensor) -> int:
+    """A position-sensitive checksum of the tensor's bytes (as 32-bit words), computed on its device."""
+    words = tensor.contiguous().view(-1).view(torch.int32).to(torch.int64)
+    weights = torch.arange(words.numel(), device=tensor.device, dtype=torch.int64) % 65521 + 1
+    return int((words * weights).sum().item())
+
+
+def check_ipc_throughput(gigabytes: float) -> dict[str, float]:
+    """``gigabytes`` of bf16 in 512 MiB buckets to a second process through CUDA IPC, checksummed there.
+
+    Timed: packing and serializing here plus opening and copying there (what a colocated engine does
+    with each bucket); the pipe carries only the handle.
+    """
+    from slime.weight_sync import ipc
+
+    context = mp.get_context("spawn")
+    parent, child = context.Pipe()
+    process = context.Process(target=_receiver, args=(child,), daemon=True)
+    process.start()
+    try:
+        assert parent.recv() == "ready"
+        staging = ipc.StagingBuffer()
+        bucket_elems = 256 * 2**20  # 512 MiB of bf16
+        total, pack, receive = 0, 0.0, 0.0
+        remaining = int(gigabytes * 2**30)
+        index = 0
+        while remaining > 0:
+            part = min(bucket_elems, remaining // 2) // 8 * 2  # four tensors, an even count each
+            named = [(f"w{index}.{k}", torch.randn(part, device="cuda").to(torch.bfloat16)) for k in range(4)]
+            expected = [checksum(t) for _, t in named]
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            bucket = staging.pack(named)
+            entry = ipc.serialize(bucket.payload())
+            torch.cuda.synchronize()
+            pack += time.perf_counter() - start
+            parent.send(entry)
+            seconds, sums = parent.recv()
+            receive += seconds
+            assert sums == expected, "checksums differ after the CUDA IPC handoff"
+            total += bucket.nbytes
+            remaining -= bucket.nbytes
+            index += 1
+        parent.send(None)
+        process.join(60)
+        staging.release()
+    finally:
+        if process.is_alive():
+            process.kill()
+    seconds = pack + receive
+    return {"bytes": total, "pack_s": pack, "open_copy_s": receive, "GB_per_s": total / seconds / 1e9}
+
+
+def run_checks(handoff_gb: float = 1.0) -> dict[str, dict]:
+    """Every check in order; the engine runs from check 2 to check 3. Raises on the first failure."""
+    results: dict[str, dict] = {}
+    root = Path(tempfile.mkdtemp(prefix="slime_gpu_check_"))
+    model = tiny_model(root)
+
+    def timed(name: str, fn: Callable[[], dict]) -> None:
+        start = time.perf_counter()
+        results[name] = {**fn(), "wall_s": time.perf_counter() - start}
+        print(f"ok   {name}: {json.dumps(results[name])}", flush=True)
+
+    timed("megatron_bf16_train_step", lambda: check_megatron_bf16(model, root))
+    server, url = start_cuda_engine(model, root)
+    try:
+        timed("torch_engine_cuda_generate", lambda: check_engine_generate(url))
+        timed("engine_update_weights_from_tensor_cuda_ipc", lambda: check_engine_ipc_update(url, model))
+    finally:
+        server.stop()
+    timed("cuda_ipc_handoff_two_processes", lambda: check_ipc_throughput(handoff_gb))
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--handoff-gb", type=float, default=2.0, help="bytes handed over in the IPC check")
+    cli = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("skip: no CUDA device visible; every GPU check skipped")
+        return
+    print(f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}", flush=True)
+    try:
+        run_checks(cli.handoff_gb)
+    except Exception as exc:
+        print(f"FAIL {type(exc).__name__}: {exc}", flush=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

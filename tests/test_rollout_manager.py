@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 import ray
+from conftest import running_rollout_manager
 
 from slime.config import parse_args
 from slime.ray.cluster import create_placement_group, release_placement_group
@@ -70,16 +71,8 @@ def rollout(ray_cluster, tiny_models, prompt_file, tmp_path_factory):
         "--n-samples-per-eval-prompt", "2",
         "--eval-max-response-len", "3",
     )  # fmt: skip
-    pg = create_placement_group(2)
-    log_dir = tmp_path_factory.mktemp("rollout_logs")
-    manager = RolloutManager.remote(args, pg, [0, 1], log_dir=str(log_dir))
-    try:
-        urls, router_url = ray.get(manager.start.remote(120))
-        yield manager, urls, router_url
-    finally:
-        ray.get(manager.shutdown.remote())
-        ray.kill(manager)
-        release_placement_group(pg)
+    with running_rollout_manager(args, tmp_path_factory.mktemp("rollout_logs")) as running:
+        yield running
 
 
 def finished(url: str) -> int:

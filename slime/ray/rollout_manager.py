@@ -4,12 +4,15 @@ Each responsibility is its own small object and ``RolloutManager`` only wires th
 
 - ``EnginePool`` (``slime.ray.engines``): engine actors on the placement group's bundles;
 - ``Router`` (``slime.rollout.router``): the sglang-router process the rollout talks to;
-- ``PromptDataSource`` (``slime.rollout.data_source``): which prompts come next, resumable;
-- ``RolloutFunction``: the ``--rollout-function-path`` plugin, called once per rollout;
+- the data source (``slime.rollout.data_source``, or ``--data-source-path``): which prompts come
+  next, resumable;
+- ``RolloutFunction``: the ``--rollout-function-path`` plugin, called once per rollout
+  (``evaluation=False``) and once per evaluation with the eval sets (``evaluation=True``);
 - the ``--eval-prompt-data`` sets, scored by ``eval``.
 
-Without engine bundles (SFT, train-only debugging) no engine and no router start, and the rollout
-function gets ``router_url=None``.
+Rollout functions find the router through ``args.sglang_router_ip``/``args.sglang_router_port``
+(slime's convention, set by ``start``). Without engine bundles (SFT, train-only debugging) no engine
+and no router start.
 
 What leaves the actor is train data: a dict of per-sample lists (``samples_to_train_data``, a pure
 function) plus the rollout's metrics under ``"metrics"``, which the driver pops before training.
@@ -33,15 +36,17 @@ import ray
 from ray.util.placement_group import PlacementGroup
 
 from slime.ray.engines import DEFAULT_START_TIMEOUT_S, EnginePool
-from slime.rollout.data_source import PromptDataSource, load_prompts, load_tokenizer
+from slime.rollout.data_source import DataSource, load_prompts, load_tokenizer, make_data_source
+from slime.rollout.output import RolloutOutput
 from slime.rollout.router import Router
 from slime.rollout.sample import Sample
+from slime.utils.plugins import load_function
 
 logger = logging.getLogger(__name__)
 
 METRICS_KEY = "metrics"
 
-RolloutFn = Callable[[argparse.Namespace, int, PromptDataSource, str | None], list[list[Sample]]]
+RolloutFn = Callable[[argparse.Namespace, int, Any, bool], RolloutOutput]
 
 
 def run_log_dir() -> str:
@@ -55,15 +60,17 @@ def samples_to_train_data(groups: list[list[Sample]], reward_key: str | None = N
     """The trainer's per-sample lists from scored sample groups, in group order.
 
     ``rewards`` is the scalar that trains (``--reward-key`` picks it from a dict); ``raw_rewards`` is
-    what the reward function returned (a number or a dict), kept for logging. A FAILED sample (its
-    reward could not be computed) keeps its place, so group shapes hold, but its loss mask is all
-    zeros: nothing is learned from a reward that does not exist.
+    what the reward function returned (a number or a dict), kept for logging; ``weight_versions`` are
+    the engine weight versions each sample was generated with (the loops log staleness from them). A
+    FAILED sample (its reward could not be computed) keeps its place, so group shapes hold, but its
+    loss mask is all zeros: nothing is learned from a reward that does not exist.
     """
     samples = [sample for group in groups for sample in group]
     # Rollouts that sample nothing (SFT) have no engine log-probs: then the key is left out, so
     # that a present key always means one log-prob per response token.
     with_log_probs = any(sample.rollout_log_probs is not None for sample in samples)
     keys = ["tokens", "response_lengths", "loss_masks", "rewards", "raw_rewards", "sample_indices"]
+    keys.append("weight_versions")
     data: dict[str, list] = {key: [] for key in [*keys, *(["rollout_log_probs"] if with_log_probs else [])]}
     for sample in samples:
         n = sample.response_length
@@ -85,6 +92,7 @@ def samples_to_train_data(groups: list[list[Sample]], reward_key: str | None = N
         data["rewards"].append(sample.reward_value(reward_key))
         data["raw_rewards"].append(sample.reward)
         data["sample_indices"].append(sample.index)
+        data["weight_versions"].append(list(sample.weight_versions))
         if with_log_probs:
             data["rollout_log_probs"].append(list(log_probs))
     return data
@@ -134,25 +142,29 @@ def load_eval_datasets(args: argparse.Namespace) -> dict[str, list[Sample]]:
 
 
 class RolloutFunction:
-    """The ``--rollout-function-path`` plugin: ``fn(args, rollout_id, data_source, router_url)``."""
+    """The ``--rollout-function-path`` plugin, ``fn(args, rollout_id, data_source, evaluation)``.
+
+    A function written for slime's older contract may return the list of sample groups alone.
+    """
 
     def __init__(self, path: str) -> None:
-        from slime.rollout.sglang_rollout import load_function
-
         self.path = path
         self.fn: RolloutFn = load_function(path)
 
     def __call__(
-        self,
-        args: argparse.Namespace,
-        rollout_id: int,
-        data_source: PromptDataSource,
-        router_url: str | None,
-    ) -> tuple[list[list[Sample]], float]:
-        """The rollout's sample groups and the seconds it took."""
+        self, args: argparse.Namespace, rollout_id: int, data_source: Any, evaluation: bool = False
+    ) -> tuple[RolloutOutput, float]:
+        """The rollout's output and the seconds it took."""
         start = time.perf_counter()
-        groups = self.fn(args, rollout_id, data_source, router_url)
-        return groups, time.perf_counter() - start
+        output = self.fn(args, rollout_id, data_source, evaluation)
+        if isinstance(output, list):
+            output = RolloutOutput(output)
+        if not isinstance(output, RolloutOutput):
+            raise TypeError(
+                f"--rollout-function-path {self.path} returned {type(output).__name__}; "
+                "expected RolloutOutput(groups, metrics)"
+            )
+        return output, time.perf_counter() - start
 
 
 @ray.remote(num_cpus=0, max_concurrency=4)
@@ -165,7 +177,7 @@ class RolloutManager:
         pg: PlacementGroup,
         bundle_indices: list[int],
         log_dir: str | None = None,
-        data_source: PromptDataSource | None = None,
+        data_source: DataSource | None = None,
         eval_datasets: dict[str, list[Sample]] | None = None,
     ) -> None:
         """``data_source`` / ``eval_datasets``: already read by the driver (which checks the data before
@@ -174,7 +186,7 @@ class RolloutManager:
         self.log_dir = log_dir or run_log_dir()
         self.engines = EnginePool(args, pg, bundle_indices, self.log_dir)
         self.router = Router(self.log_dir) if bundle_indices else None
-        self.data_source = data_source if data_source is not None else PromptDataSource.from_args(args)
+        self.data_source = data_source if data_source is not None else make_data_source(args)
         self.rollout_fn = RolloutFunction(args.rollout_function_path)
         self.eval_datasets = eval_datasets if eval_datasets is not None else load_eval_datasets(args)
 
@@ -202,20 +214,20 @@ class RolloutManager:
 
     def generate(self, rollout_id: int) -> dict[str, Any]:
         """One rollout as train data (per-sample lists) with its metrics under ``"metrics"``."""
-        groups, seconds = self.rollout_fn(self.args, rollout_id, self.data_source, self.router_url())
-        data: dict[str, Any] = samples_to_train_data(groups, self.args.reward_key)
-        data[METRICS_KEY] = rollout_metrics(groups, seconds, self.args.reward_key)
+        output, seconds = self.rollout_fn(self.args, rollout_id, self.data_source)
+        data: dict[str, Any] = samples_to_train_data(output.groups, self.args.reward_key)
+        metrics = rollout_metrics(output.groups, seconds, self.args.reward_key)
+        data[METRICS_KEY] = {**metrics, **output.metrics}
         return data
 
     def eval(self, rollout_id: int) -> dict[str, float]:
         """Scores the ``--eval-prompt-data`` sets with the current weights; ``eval/<name>`` metrics."""
-        from slime.rollout.sglang_rollout import eval_rollout
-
         if not self.eval_datasets:
             return {}
         if self.router is None:
             raise RuntimeError("evaluation needs rollout engines; this run started none")
-        return eval_rollout(self.args, rollout_id, self.eval_datasets, self.router.url)
+        output, _ = self.rollout_fn(self.args, rollout_id, self.eval_datasets, evaluation=True)
+        return output.metrics
 
     def engine_urls(self) -> list[str]:
         return list(self.engines.urls)

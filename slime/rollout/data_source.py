@@ -24,14 +24,15 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import logging
 import os
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from slime.config import split_data_path
 from slime.rollout.sample import Sample
@@ -267,6 +268,46 @@ def load_tokenizer(hf_checkpoint: str) -> Any:
     return AutoTokenizer.from_pretrained(hf_checkpoint)
 
 
+BufferFilter = Callable[[list[list[Sample]], int], list[list[Sample]]]
+"""``--buffer-filter-path`` bound to ``args``: ``(buffer, num_groups) -> the groups to serve from it``."""
+
+
+@runtime_checkable
+class DataSource(Protocol):
+    """What a rollout needs from its data: ``PromptDataSource``, or a ``--data-source-path`` class
+    built as ``C(args)``."""
+
+    def get_samples(self, num_groups: int) -> list[list[Sample]]:
+        """The next ``num_groups`` prompt groups (``--n-samples-per-prompt`` Samples each, fresh indices)."""
+        ...
+
+    def add_samples(self, groups: list[list[Sample]]) -> None:
+        """Takes back groups the rollout did not finish (aborted, over-sampled); serve them again later."""
+        ...
+
+    def save(self, rollout_id: int, directory: str | os.PathLike[str]) -> Any:
+        """Persists the position after rollout ``rollout_id`` next to the checkpoint in ``directory``."""
+        ...
+
+    def load(self, rollout_id: int, directory: str | os.PathLike[str]) -> bool:
+        """Continues from the position saved after ``rollout_id``; False when nothing was saved there."""
+        ...
+
+
+def make_data_source(args: argparse.Namespace) -> DataSource:
+    """``--data-source-path``'s class built with ``args``, else prompts from ``--prompt-data``."""
+    if args.data_source_path is None:
+        return PromptDataSource.from_args(args)
+    from slime.utils.plugins import load_function
+
+    return load_function(args.data_source_path)(args)
+
+
+def pick_first(buffer: list[list[Sample]], num_groups: int) -> list[list[Sample]]:
+    """The default buffer selection: the groups returned earliest."""
+    return buffer[:num_groups]
+
+
 class PromptDataSource:
     """Serves prompt groups in a deterministic, resumable order, with a buffer of returned groups.
 
@@ -281,7 +322,9 @@ class PromptDataSource:
         n_samples_per_prompt: int = 1,
         shuffle: bool = False,
         seed: int = 42,
+        buffer_filter: BufferFilter = pick_first,
     ) -> None:
+        """``buffer_filter`` picks which returned groups are served first (``--buffer-filter-path``)."""
         if not prompts:
             raise DataError("no prompts to serve")
         if n_samples_per_prompt < 1:
@@ -295,6 +338,7 @@ class PromptDataSource:
         self.next_group_index = 0
         self.next_sample_index = 0
         self.buffer: list[list[Sample]] = []
+        self.buffer_filter = buffer_filter
         self._order = self._epoch_order(0)
 
     @classmethod
@@ -318,11 +362,17 @@ class PromptDataSource:
             apply_chat_template=args.apply_chat_template,
             max_prompt_len=max_prompt_len,
         )
+        buffer_filter = pick_first
+        if args.buffer_filter_path is not None:
+            from slime.utils.plugins import load_function
+
+            buffer_filter = functools.partial(load_function(args.buffer_filter_path), args)
         return cls(
             prompts,
             n_samples_per_prompt=args.n_samples_per_prompt,
             shuffle=args.rollout_shuffle,
             seed=args.rollout_seed,
+            buffer_filter=buffer_filter,
         )
 
     def __len__(self) -> int:
@@ -336,13 +386,13 @@ class PromptDataSource:
         return order
 
     def get_samples(self, num_prompts: int) -> list[list[Sample]]:
-        """``num_prompts`` groups: buffered groups first, then fresh copies of the next prompts.
+        """``num_prompts`` groups: buffered groups first (as the buffer filter picks them), then fresh
+        copies of the next prompts.
 
         Each fresh group holds ``n_samples_per_prompt`` deep copies of one prompt's Sample, with a new
         ``group_index`` and one new ``index`` per sample; both keep increasing across calls and epochs.
         """
-        groups = self.buffer[:num_prompts]
-        del self.buffer[:num_prompts]
+        groups = self._take_from_buffer(num_prompts) if self.buffer else []
         while len(groups) < num_prompts:
             if self.offset == len(self.prompts):
                 self.epoch += 1
@@ -360,6 +410,17 @@ class PromptDataSource:
             self.next_group_index += 1
             groups.append(group)
         return groups
+
+    def _take_from_buffer(self, num_prompts: int) -> list[list[Sample]]:
+        picked = list(self.buffer_filter(list(self.buffer), num_prompts))
+        ids = {id(group) for group in picked}
+        if len(picked) > num_prompts or len(ids) != len(picked) or not ids <= {id(g) for g in self.buffer}:
+            raise ValueError(
+                f"the buffer filter returned {len(picked)} groups for {num_prompts} requested; it must "
+                "return at most that many distinct groups taken from the buffer it was given"
+            )
+        self.buffer = [group for group in self.buffer if id(group) not in ids]
+        return picked
 
     def add_samples(self, groups: list[list[Sample]]) -> None:
         """Return groups (aborted, partial, over-sampled) to be served before new prompts, in order.

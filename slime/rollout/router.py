@@ -48,6 +48,11 @@ logger = logging.getLogger(__name__)
 SHUTDOWN_GRACE_S = 5
 
 
+def list_workers(router_url: str) -> list[dict[str, Any]]:
+    """The workers a running router routes to (id, url, is_healthy, load, ...); any process may ask."""
+    return get_json(f"{router_url}/workers")["workers"]
+
+
 class RouterError(RuntimeError):
     """The router refused or did not finish a worker change in time."""
 
@@ -80,7 +85,7 @@ class Router:
 
     def workers(self) -> list[dict[str, Any]]:
         """The registered workers as the router lists them (id, url, is_healthy, load, ...)."""
-        return get_json(f"{self.url}/workers")["workers"]
+        return list_workers(self.url)
 
     def worker_urls(self) -> list[str]:
         return [worker["url"] for worker in self.workers()]

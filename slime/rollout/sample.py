@@ -53,11 +53,30 @@ class Sample:
     """Per-sample data from ``--metadata-key`` plus notes stages leave for later ones (e.g. errors)."""
     weight_versions: list[str] = field(default_factory=list)
     """Engine weight version of each generation turn: shows how off-policy a sample is."""
+    turn_spans: list[tuple[int, int]] = field(default_factory=list)
+    """``[start, end)`` of the response tokens each generation turn produced, parallel to
+    ``weight_versions``: which tokens an older policy sampled (``--mask-offpolicy-in-partial-rollout``)."""
 
     @property
     def prompt_length(self) -> int:
         """Number of prompt tokens at the start of ``tokens`` (derived, so it can never disagree)."""
         return len(self.tokens) - self.response_length
+
+    @property
+    def finished(self) -> bool:
+        """Generation is over for good (trainable or failed), as opposed to not started or interrupted."""
+        return self.status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED, Sample.Status.FAILED)
+
+    def reset_response(self) -> None:
+        """Back to the prompt alone (PENDING), e.g. an interrupted sample that will not be resumed.
+
+        ``metadata`` is kept: it holds the data set's fields as well as notes of the discarded attempt.
+        """
+        del self.tokens[self.prompt_length :]
+        self.response, self.response_length = "", 0
+        self.loss_mask = self.rollout_log_probs = self.reward = None
+        self.weight_versions, self.turn_spans = [], []
+        self.status = Sample.Status.PENDING
 
     def reward_value(self, reward_key: str | None = None) -> float:
         """The scalar reward: ``reward`` itself, or ``reward[reward_key]`` when the function returned a dict.
@@ -92,4 +111,6 @@ class Sample:
         data = dict(data)
         if "status" in data:
             data["status"] = cls.Status(data["status"])
+        if "turn_spans" in data:  # JSON turns the pairs into lists
+            data["turn_spans"] = [tuple(span) for span in data["turn_spans"]]
         return cls(**data)

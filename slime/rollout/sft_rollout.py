@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import argparse
 
-from slime.rollout.data_source import DataError, PromptDataSource
+from slime.rollout.data_source import DataError, DataSource
+from slime.rollout.generate_utils import cached_tokenizer, prompt_ids
+from slime.rollout.output import RolloutOutput
 from slime.rollout.sample import Sample
-from slime.rollout.sglang_rollout import cached_tokenizer, prompt_ids
 
 
 def build_sft_sample(args: argparse.Namespace, sample: Sample) -> Sample:
@@ -36,8 +37,10 @@ def build_sft_sample(args: argparse.Namespace, sample: Sample) -> Sample:
 
 
 def generate_rollout(
-    args: argparse.Namespace, rollout_id: int, data_source: PromptDataSource, router_url: str | None = None
-) -> list[list[Sample]]:
+    args: argparse.Namespace, rollout_id: int, data_source: DataSource, evaluation: bool = False
+) -> RolloutOutput:
     """``--rollout-batch-size`` pairs per rollout (``--n-samples-per-prompt`` should stay 1)."""
+    if evaluation:
+        raise ValueError("the SFT rollout has no evaluation (it samples nothing); drop --eval-interval")
     groups = data_source.get_samples(args.rollout_batch_size)
-    return [[build_sft_sample(args, sample) for sample in group] for group in groups]
+    return RolloutOutput([[build_sft_sample(args, sample) for sample in group] for group in groups])

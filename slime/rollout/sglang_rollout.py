@@ -1,58 +1,66 @@
 """The default rollout function: prompt groups -> HTTP ``/generate`` through the router -> scored samples.
 
-``generate_rollout`` is what ``--rollout-function-path`` names by default. Per sample it sends the
-prompt's token ids (tokenized once per group with the ``--hf-checkpoint`` tokenizer) to the router
-and takes the response tokens and their log-probs from the reply: ``output_ids`` and
-``meta_info.output_token_logprobs``. The response is never re-tokenized from text, because text ->
-ids does not round-trip and the trainer must score exactly the tokens the engine sampled.
+``generate_rollout(args, rollout_id, data_source, evaluation)`` is what ``--rollout-function-path``
+names by default. Per sample it sends the prompt's token ids (tokenized once per group with the
+``--hf-checkpoint`` tokenizer) to the router and takes the response tokens and their log-probs from
+the reply (``slime.rollout.generate_utils``). The response is never re-tokenized from text, because
+text -> ids does not round-trip and the trainer must score exactly the tokens the engine sampled.
 
-A group is scored (``score_groups``) as soon as its last sample is back, so rewards overlap with
-generation. All requests share one aiohttp session; at most ``--sglang-server-concurrency`` requests
-per engine are in flight, which is also what keeps the router from queueing without bound.
+A group is scored as soon as its last sample is back, so rewards overlap with generation. All requests
+share one aiohttp session; at most ``--sglang-server-concurrency`` samples per engine are in flight.
+
+Rollout control:
+
+- Dynamic sampling: prompts are drawn ``--over-sampling-batch-size`` at a time whenever the groups
+  kept plus those in flight fall short of ``--rollout-batch-size``; each finished group passes
+  ``--dynamic-sampling-filter-path`` or is dropped (counted by reason). Once enough groups are kept,
+  every engine's requests are aborted and the rollout waits until the engines are idle.
+- Groups that did not finish (aborted, or over-sampled past the target) go back to the data source:
+  with ``--partial-rollout`` as they are, so their samples resume with the tokens and log-probs they
+  have and the rest of the ``--rollout-max-response-len`` budget; otherwise reset to the prompt.
+- ``--mask-offpolicy-in-partial-rollout`` leaves tokens an older weight version sampled out of the loss.
 
 ``--custom-generate-function-path`` replaces the per-sample step (multi-turn, tools):
-``async def generate(args, sample, sampling_params) -> Sample``. It finds the router at
-``http://{args.sglang_router_ip}:{args.sglang_router_port}`` as in slime.
+``async def generate(args, sample, sampling_params) -> Sample | list[Sample]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import copy
-import functools
-import importlib
-import inspect
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
 from tqdm import tqdm
 
-from slime.rollout.data_source import PromptDataSource, load_tokenizer, render_chat
+from slime.rollout import engine_control
+from slime.rollout.data_source import DataSource
+from slime.rollout.filters import FilterResult, as_filter_result
+from slime.rollout.generate_utils import (
+    RolloutContext,
+    append_model_turn,
+    generate_turn,
+    mask_offpolicy_turns,
+    parse_reply,
+    prompt_ids,
+    remaining_tokens,
+    rollout_context,
+    router_url,
+    start_sample,
+)
+from slime.rollout.output import RolloutOutput
 from slime.rollout.rewards import score_groups
 from slime.rollout.sample import Sample
-from slime.utils.http import post_json
+from slime.utils.plugins import load_function
 
-GenerateFn = Callable[[argparse.Namespace, Sample, dict[str, Any]], Awaitable[Sample]]
+GenerateFn = Callable[[argparse.Namespace, Sample, dict[str, Any]], Awaitable[Sample | list[Sample]]]
+FilterFn = Callable[[argparse.Namespace, list[Sample]], FilterResult | bool]
 
-_FINISH_STATUS = {
-    "stop": Sample.Status.COMPLETED,
-    "length": Sample.Status.TRUNCATED,
-    "abort": Sample.Status.ABORTED,
-}
-
-
-def load_function(path: str) -> Callable[..., Any]:
-    """``module.attr`` imported (plugin paths were checked by ``slime.config`` at start-up)."""
-    module_name, _, attr = path.rpartition(".")
-    return getattr(importlib.import_module(module_name), attr)
-
-
-@functools.cache
-def cached_tokenizer(path: str) -> Any:
-    """The ``--hf-checkpoint`` tokenizer, loaded once per process."""
-    return load_tokenizer(path)
+ABORT_RETRY_S = 0.5  # a request still in the router when the abort went out reaches an engine later
 
 
 def sampling_params(args: argparse.Namespace, evaluation: bool = False) -> dict[str, Any]:
@@ -77,85 +85,87 @@ def sampling_params(args: argparse.Namespace, evaluation: bool = False) -> dict[
     return params
 
 
-def prompt_ids(args: argparse.Namespace, sample: Sample) -> list[int]:
-    """The prompt's token ids: chat messages are rendered with the chat template first."""
-    tokenizer = cached_tokenizer(args.hf_checkpoint)
-    prompt = sample.prompt if isinstance(sample.prompt, str) else render_chat(tokenizer, sample.prompt)
-    return tokenizer(prompt, add_special_tokens=False)["input_ids"]
-
-
 def apply_reply(sample: Sample, prompt: list[int], reply: dict[str, Any]) -> Sample:
-    """Fills the response side of ``sample`` from one SGLang ``/generate`` reply (pure)."""
-    meta = reply["meta_info"]
-    output_ids = list(reply["output_ids"])
-    triples = meta.get("output_token_logprobs")
-    if triples is None:
-        raise ValueError("the /generate reply has no meta_info.output_token_logprobs; send return_logprob")
-    if [t[1] for t in triples] != output_ids:
-        raise ValueError(
-            f"sample {sample.index}: output_token_logprobs ids {[t[1] for t in triples]} differ from "
-            f"output_ids {output_ids}"
-        )
-    finish = meta.get("finish_reason") or {}
-    kind = finish.get("type") if isinstance(finish, dict) else finish
-    if kind not in _FINISH_STATUS:
-        raise ValueError(f"sample {sample.index}: unknown finish_reason {finish!r}")
-    sample.tokens = list(prompt) + output_ids
-    sample.response = reply.get("text", "")
-    sample.response_length = len(output_ids)
-    sample.loss_mask = [1] * len(output_ids)
-    sample.rollout_log_probs = [float(t[0]) for t in triples]
-    sample.status = _FINISH_STATUS[kind]
-    sample.weight_versions.append(str(meta.get("weight_version")))
+    """``sample`` as ``prompt`` followed by the one ``/generate`` reply (pure; for single-call generators)."""
+    sample.tokens = list(prompt)
+    sample.response, sample.response_length = "", 0
+    sample.loss_mask, sample.rollout_log_probs = [], []
+    sample.weight_versions, sample.turn_spans = [], []
+    append_model_turn(sample, parse_reply(reply, sample.index))
+    return sample
+
+
+async def default_generate(args: argparse.Namespace, sample: Sample, params: dict[str, Any]) -> Sample:
+    """One model turn for the remaining token budget; a resumed partial sample continues where it stopped."""
+    start_sample(args, sample)
+    budget = {**params, "max_new_tokens": remaining_tokens(sample, params)}
+    append_model_turn(sample, await generate_turn(args, sample.tokens, budget, sample.index))
     return sample
 
 
 class RolloutClient:
-    """The per-rollout HTTP state: one session, one concurrency bound, the router's ``/generate``."""
+    """The per-rollout HTTP state: one session, one concurrency bound, one abort signal."""
 
-    def __init__(self, args: argparse.Namespace, router_url: str, concurrency: int) -> None:
+    def __init__(self, args: argparse.Namespace, url: str) -> None:
         self.args = args
-        self.generate_url = f"{router_url}/generate"
+        self.router_url = url
+        num_engines = max(1, (args.rollout_num_gpus or 1) // args.rollout_num_gpus_per_engine)
+        concurrency = args.sglang_server_concurrency * num_engines
         self.semaphore = asyncio.Semaphore(concurrency)
+        custom = args.custom_generate_function_path
+        self.generate: GenerateFn = load_function(custom) if custom else default_generate
         # No total timeout: a long generation is not an error; a dead engine is the router's to report.
-        self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=concurrency),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
+        self.context = RolloutContext(
+            aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=concurrency),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
+            )
         )
 
     async def close(self) -> None:
-        await self.session.close()
+        await self.context.session.close()
 
-    async def generate(self, args: argparse.Namespace, sample: Sample, params: dict[str, Any]) -> Sample:
-        """The default per-sample generate: one ``/generate`` call with the prompt's token ids."""
-        prompt = sample.tokens or prompt_ids(args, sample)
-        payload = {"input_ids": prompt, "sampling_params": params, "return_logprob": True}
-        reply = await post_json(self.session, self.generate_url, payload)
-        return apply_reply(sample, prompt, reply)
+    async def generate_group(
+        self, group: list[Sample], params: dict[str, Any], progress: tqdm
+    ) -> list[Sample]:
+        """Generates every unfinished sample of ``group``; scores the group if all of it finished.
 
+        A finished sample (its group was returned to the data source before the others finished) is
+        passed through: generate functions only ever see samples with something left to generate.
+        """
+        args = self.args
+        fresh = [sample for sample in group if not sample.tokens]
+        if fresh and self.generate is default_generate:
+            shared = prompt_ids(args, fresh[0])  # once per group: the samples share the prompt
+            for sample in fresh:
+                sample.tokens = list(shared)
 
-async def _generate_group(
-    args: argparse.Namespace,
-    group: list[Sample],
-    generate: GenerateFn,
-    client: RolloutClient,
-    params: dict[str, Any],
-    progress: tqdm,
-) -> list[Sample]:
-    if not group[0].tokens and generate == client.generate:
-        shared = prompt_ids(args, group[0])  # once per group: the samples share the prompt
-        for sample in group:
-            sample.tokens = list(shared)
+        async def one(sample: Sample) -> list[Sample]:
+            if sample.finished:
+                return [sample]
+            async with self.semaphore:
+                if self.context.aborted.is_set():  # never started: it goes back untouched
+                    return [sample]
+                result = await self.generate(args, sample, dict(params))
+            progress.update(1)
+            return result if isinstance(result, list) else [result]
 
-    async def one(sample: Sample) -> Sample:
-        async with client.semaphore:
-            result = await generate(args, sample, dict(params))
-        progress.update(1)
-        return result
+        done = [s for samples in await asyncio.gather(*(one(sample) for sample in group)) for s in samples]
+        if all(sample.finished for sample in done):
+            await score_groups(args, [done])
+        return done
 
-    done = list(await asyncio.gather(*(one(sample) for sample in group)))
-    await score_groups(args, [done])
-    return done
+    async def abort(self, pending: set[asyncio.Task]) -> list[list[Sample]]:
+        """Aborts every engine's requests until ``pending`` has drained, then waits for idle engines."""
+        self.context.aborted.set()
+        urls = await asyncio.to_thread(engine_control.engine_urls, self.router_url)
+        groups = []
+        while pending:
+            await asyncio.to_thread(engine_control.abort_all, urls)
+            done, pending = await asyncio.wait(pending, timeout=ABORT_RETRY_S)
+            groups += [task.result() for task in done]
+        await asyncio.to_thread(engine_control.wait_idle, urls)
+        return groups
 
 
 async def _gather_or_cancel(coros: list[Awaitable[Any]]) -> list[Any]:
@@ -163,44 +173,135 @@ async def _gather_or_cancel(coros: list[Awaitable[Any]]) -> list[Any]:
     tasks = [asyncio.ensure_future(c) for c in coros]
     try:
         return list(await asyncio.gather(*tasks))
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
+    finally:
+        await _cancel(tasks)
+
+
+async def _cancel(tasks: Any) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def generate_groups(
     args: argparse.Namespace,
     groups: list[list[Sample]],
-    router_url: str,
+    url: str,
     desc: str = "rollout",
     evaluation: bool = False,
 ) -> list[list[Sample]]:
-    """Generates and scores ``groups`` through the router; returns them in the same order."""
-    num_engines = max(1, (args.rollout_num_gpus or 1) // args.rollout_num_gpus_per_engine)
-    client = RolloutClient(args, router_url, args.sglang_server_concurrency * num_engines)
-    custom = args.custom_generate_function_path
-    generate: GenerateFn = load_function(custom) if custom else client.generate
-    if custom and not inspect.iscoroutinefunction(generate):
-        raise TypeError(f"--custom-generate-function-path {custom} must be an async function")
+    """Generates and scores ``groups`` through the router at ``url``; returns them in the same order."""
+    client = RolloutClient(args, url)
     params = sampling_params(args, evaluation)
     total = sum(len(group) for group in groups)
     try:
-        with tqdm(total=total, desc=desc, unit="sample", mininterval=1.0) as progress:
-            return await _gather_or_cancel(
-                [_generate_group(args, group, generate, client, params, progress) for group in groups]
-            )
+        with (
+            rollout_context(client.context),
+            tqdm(total=total, desc=desc, unit="sample", mininterval=1.0) as bar,
+        ):
+            return await _gather_or_cancel([client.generate_group(group, params, bar) for group in groups])
     finally:
         await client.close()
 
 
+def _return_to_source(args: argparse.Namespace, data_source: DataSource, groups: list[list[Sample]]) -> int:
+    """Unfinished groups back to the data source (as they are under --partial-rollout); returns how
+    many samples carry a partial response."""
+    partial = 0
+    for group in groups:
+        for sample in group:
+            if not args.partial_rollout:
+                sample.reset_response()
+            partial += sample.response_length > 0 and not sample.finished
+    if groups:
+        data_source.add_samples(groups)
+    return partial
+
+
+# A filter that has kept nothing after this many times the batch would keep nothing ever.
+_MAX_DROPPED_BEFORE_FIRST_KEPT = 20
+
+
+async def sample_rollout(args: argparse.Namespace, rollout_id: int, data_source: DataSource) -> RolloutOutput:
+    """``--rollout-batch-size`` groups that pass the dynamic-sampling filter (see the module docstring)."""
+    target = args.rollout_batch_size
+    client = RolloutClient(args, router_url(args))
+    keep_fn: FilterFn | None = None
+    if args.dynamic_sampling_filter_path:
+        keep_fn = load_function(args.dynamic_sampling_filter_path)
+    params = sampling_params(args)
+    kept: list[tuple[int, list[Sample]]] = []  # (submission order, group): trained in the order drawn
+    unfinished: list[list[Sample]] = []
+    dropped: collections.Counter[str] = collections.Counter()
+    order: dict[asyncio.Task, int] = {}
+    pending: set[asyncio.Task] = set()
+    finished_groups = abort_s = 0.0
+    bar = tqdm(total=0, desc=f"rollout {rollout_id}", unit="sample", mininterval=1.0)
+    try:
+        with rollout_context(client.context):
+            while len(kept) < target:
+                if len(kept) + len(pending) < target:
+                    for group in data_source.get_samples(args.over_sampling_batch_size):
+                        bar.total += len(group)
+                        task = asyncio.ensure_future(client.generate_group(group, params, bar))
+                        order[task], pending = len(order), pending | {task}
+                if not pending:
+                    raise RuntimeError(f"the data source returned no prompt groups in rollout {rollout_id}")
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in sorted(done, key=order.__getitem__):
+                    group = task.result()
+                    if len(kept) == target or not all(sample.finished for sample in group):
+                        unfinished.append(group)  # over-sampled past the target, or aborted by a pause
+                        continue
+                    finished_groups += 1
+                    verdict = as_filter_result(keep_fn(args, group)) if keep_fn else FilterResult(True)
+                    if verdict.keep:
+                        kept.append((order[task], group))
+                    else:
+                        dropped[verdict.reason or "filtered"] += 1
+                if not kept and sum(dropped.values()) >= _MAX_DROPPED_BEFORE_FIRST_KEPT * target:
+                    raise RuntimeError(
+                        f"--dynamic-sampling-filter-path {args.dynamic_sampling_filter_path} dropped all "
+                        f"{sum(dropped.values())} groups of rollout {rollout_id} ({dict(dropped)}); it would "
+                        "draw prompts forever: check the filter, the reward or the data"
+                    )
+            if pending:
+                start = time.perf_counter()
+                unfinished += await client.abort(pending)
+                pending, abort_s = set(), time.perf_counter() - start
+    finally:
+        bar.close()
+        await _cancel(pending)
+        await client.close()
+    groups = [group for _, group in sorted(kept, key=lambda item: item[0])]
+    masked = 0
+    if args.mask_offpolicy_in_partial_rollout:
+        masked = sum(mask_offpolicy_turns(sample) for group in groups for sample in group)
+    partial = _return_to_source(args, data_source, unfinished)
+    metrics = {"rollout/returned_groups": float(len(unfinished)), "perf/abort_time": abort_s}
+    if keep_fn is not None:
+        metrics["rollout/dynamic_sampling/finished_groups"] = float(finished_groups)
+        metrics["rollout/dynamic_sampling/kept_groups"] = float(len(groups))
+        for reason, n in sorted(dropped.items()):
+            metrics[f"rollout/dynamic_sampling/dropped/{reason}"] = float(n)
+    if args.partial_rollout:
+        metrics["rollout/partial_samples_returned"] = float(partial)
+    if args.mask_offpolicy_in_partial_rollout:
+        metrics["rollout/offpolicy_masked_tokens"] = float(masked)
+    return RolloutOutput(groups, metrics)
+
+
 def generate_rollout(
-    args: argparse.Namespace, rollout_id: int, data_source: PromptDataSource, router_url: str
-) -> list[list[Sample]]:
-    """One rollout: ``--rollout-batch-size`` groups of ``--n-samples-per-prompt`` samples, scored."""
-    groups = data_source.get_samples(args.rollout_batch_size)
-    return asyncio.run(generate_groups(args, groups, router_url, desc=f"rollout {rollout_id}"))
+    args: argparse.Namespace,
+    rollout_id: int,
+    data_source: DataSource | dict[str, list[Sample]],
+    evaluation: bool = False,
+) -> RolloutOutput:
+    """One rollout (``data_source``: a ``PromptDataSource`` or a ``--data-source-path`` instance), or
+    under ``evaluation`` the scores of the eval sets ``data_source`` maps by name."""
+    if evaluation:
+        return RolloutOutput([], eval_rollout(args, rollout_id, data_source))
+    return asyncio.run(sample_rollout(args, rollout_id, data_source))
 
 
 def _eval_copy(prompt: Sample, group_index: int, index: int) -> Sample:
@@ -210,7 +311,7 @@ def _eval_copy(prompt: Sample, group_index: int, index: int) -> Sample:
 
 
 def eval_rollout(
-    args: argparse.Namespace, rollout_id: int, datasets: dict[str, list[Sample]], router_url: str
+    args: argparse.Namespace, rollout_id: int, datasets: dict[str, list[Sample]]
 ) -> dict[str, float]:
     """Scores every evaluation set; per set the mean reward (``eval/<name>``), length and truncation.
 
@@ -224,7 +325,7 @@ def eval_rollout(
             for i, prompt in enumerate(prompts)
         ]
         desc = f"eval {name} @ rollout {rollout_id}"
-        done = asyncio.run(generate_groups(args, groups, router_url, desc=desc, evaluation=True))
+        done = asyncio.run(generate_groups(args, groups, router_url(args), desc=desc, evaluation=True))
         samples = [sample for group in done for sample in group]
         n = len(samples)
         truncated = sum(s.status == Sample.Status.TRUNCATED for s in samples)

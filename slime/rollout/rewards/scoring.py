@@ -3,9 +3,9 @@
 
 Which function scores a sample, first match wins:
 
-1. ``--custom-rm-path module.fn``: ``fn(args, sample) -> float | dict`` (async or sync); with
-   ``--group-rm``, ``fn(args, samples) -> list[float | dict]`` once per prompt group, for rewards that
-   compare the responses to one prompt (ranking, pairwise judges).
+1. ``--custom-rm-path module.fn`` (or ``file.py:fn``): ``fn(args, sample) -> float | dict`` (async or
+   sync); with ``--group-rm``, ``fn(args, samples) -> list[float | dict]`` once per prompt group, for
+   rewards that compare the responses to one prompt (ranking, pairwise judges).
 2. ``sample.metadata["rm_type"]``: lets one dataset mix tasks (maths next to QA).
 3. ``--rm-type``: a name in ``BUILTIN_REWARDS``.
 
@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
-import importlib
 import inspect
 import logging
 import math
@@ -29,6 +27,7 @@ from slime.rollout.rewards.math_answer import math_score
 from slime.rollout.rewards.remote import remote_reward
 from slime.rollout.rewards.text import exact_score, f1_score
 from slime.rollout.sample import Sample
+from slime.utils.plugins import PluginError, load_function
 
 logger = logging.getLogger(__name__)
 
@@ -53,20 +52,18 @@ BUILTIN_REWARDS: dict[str, RewardFn] = {
 }
 
 
-@functools.cache
-def load_function(path: str) -> Callable[..., Any]:
-    """Import ``module.attr`` (cached: a rollout calls this once per sample)."""
-    module_name, _, attr = path.rpartition(".")
+def load_reward_function(path: str) -> Callable[..., Any]:
+    """The ``--custom-rm-path`` function (the plugin loader caches it: a rollout asks once per sample)."""
     try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError, ValueError) as e:
-        raise RewardError(f"--custom-rm-path {path!r} cannot be loaded ({type(e).__name__}: {e})") from e
+        return load_function(path)
+    except PluginError as e:
+        raise RewardError(f"--custom-rm-path {path!r} cannot be loaded ({e})") from e
 
 
 def resolve_reward_fn(args: argparse.Namespace, sample: Sample) -> RewardFn:
     """The per-sample reward function for ``sample`` (see the module docstring for the order)."""
     if args.custom_rm_path is not None:
-        return load_function(args.custom_rm_path)
+        return load_reward_function(args.custom_rm_path)
     rm_type = sample.metadata.get("rm_type") or args.rm_type
     if rm_type is None:
         raise RewardError(
@@ -143,7 +140,7 @@ async def score_groups(args: argparse.Namespace, groups: list[list[Sample]]) -> 
     if args.group_rm:
         if args.custom_rm_path is None:
             raise RewardError("--group-rm needs --custom-rm-path (a function scoring a whole group)")
-        group_fn = load_function(args.custom_rm_path)
+        group_fn = load_reward_function(args.custom_rm_path)
         tasks = [_score_group(args, group, group_fn) for group in groups if group]
     else:
         tasks = [_score_sample(args, s, resolve_reward_fn(args, s)) for group in groups for s in group]

@@ -1,0 +1,140 @@
+"""The steps of one rollout that ``train.py`` and ``train_async.py`` share; the two differ only in order.
+
+``RolloutLoop`` owns the metrics logger and the trainer's weight version: 1 for the weights the run
+starts with, +1 per rollout trained. Engines are pushed that version and every sample records the
+versions it was generated with, so ``rollout/staleness`` — the trainer's version minus the oldest
+version a trained sample used — counts how many updates the training data lags behind the policy.
+It is 0 in the synchronous loop and at most ``--async-buffer-size`` in the overlapped one (with
+``--update-weights-interval 1``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from typing import Any
+
+import ray
+
+from slime.ray.rollout_manager import METRICS_KEY
+from slime.ray.session import TrainingSession
+from slime.utils.metrics import MetricsLogger
+
+logger = logging.getLogger("slime")
+
+TrainData = dict[str, Any]
+
+
+def should_run(interval: int | None, rollout_id: int, num_rollout: int) -> bool:
+    """True every ``interval`` rollouts and after the last one; never when ``interval`` is unset."""
+    return bool(interval) and ((rollout_id + 1) % interval == 0 or rollout_id + 1 == num_rollout)
+
+
+def mean_over_steps(step_metrics: list[dict[str, float]]) -> dict[str, float]:
+    """``train/<key>`` averaged over the rollout's optimizer steps (the learning rate: the last one)."""
+    out = {f"train/{key}": sum(m[key] for m in step_metrics) / len(step_metrics) for key in step_metrics[0]}
+    out["train/lr"] = step_metrics[-1]["lr"]
+    return out
+
+
+def oldest_weight_version(weight_versions: list[list[str]]) -> int | None:
+    """The oldest engine weight version any sample was generated with; None when there is none.
+
+    Versions are strings on the wire (SGLang's ``weight_version``); an engine that never received
+    weights reports ``"default"``, which is not a version of this run and is left out.
+    """
+    versions = [int(v) for per_sample in weight_versions for v in per_sample if v.isdigit()]
+    return min(versions, default=None)
+
+
+class RolloutLoop:
+    """Generate, train, save, push, evaluate, log: each step once, for either loop to call in its order."""
+
+    def __init__(self, args: argparse.Namespace, session: TrainingSession) -> None:
+        self.args, self.session = args, session
+        self.version = 1
+        self.metrics_logger = MetricsLogger(args)
+        self._step_start = time.perf_counter()
+
+    def rollout_ids(self) -> range:
+        return range(self.session.start_rollout_id, self.args.num_rollout)
+
+    def start(self) -> None:
+        """Engines take the trainer's weights (they differ after ``--load``); evaluation before training."""
+        args, session = self.args, self.session
+        session.push_weights(self.version)
+        if args.eval_interval and not args.skip_eval_before_train:
+            rollout_id = session.start_rollout_id - 1
+            self.metrics_logger.log(rollout_id, ray.get(session.rollout.eval.remote(rollout_id)))
+        self._step_start = time.perf_counter()
+
+    def generate(self, rollout_id: int) -> TrainData:
+        """One rollout's train data with its metrics under ``"metrics"``.
+
+        Read from ``--load-debug-rollout-data`` when given, dumped to ``--save-debug-rollout-data``.
+        When a checkpoint is due, the prompt position is saved right here, after this rollout's
+        prompts were taken: a loop that generates ahead has taken later ones by the time it trains.
+        """
+        args = self.args
+        start = time.perf_counter()
+        if args.load_debug_rollout_data:
+            import torch
+
+            data = torch.load(args.load_debug_rollout_data.format(rollout_id=rollout_id), weights_only=False)
+        else:
+            data = ray.get(self.session.rollout.generate.remote(rollout_id))
+        data[METRICS_KEY]["perf/rollout_time"] = time.perf_counter() - start
+        if args.save_debug_rollout_data:
+            import torch
+
+            torch.save(data, args.save_debug_rollout_data.format(rollout_id=rollout_id))
+        if should_run(args.save_interval, rollout_id, args.num_rollout):
+            ray.get(self.session.rollout.save.remote(rollout_id))
+        return data
+
+    def train(self, data: TrainData) -> dict[str, float]:
+        """Trains on one rollout (not with ``--debug-rollout-only``); the rollout's metrics."""
+        metrics = data.pop(METRICS_KEY)
+        oldest = oldest_weight_version(data.get("weight_versions", []))
+        if oldest is not None and not self.args.load_debug_rollout_data:
+            metrics["rollout/staleness"] = float(self.version - oldest)
+        if self.session.trainer is None:
+            return metrics
+        start = time.perf_counter()
+        metrics.update(mean_over_steps(self.session.trainer.train(data)))
+        metrics["perf/train_time"] = time.perf_counter() - start
+        self.version += 1
+        return metrics
+
+    def save(self, rollout_id: int) -> None:
+        """The trainer's checkpoint when ``--save-interval`` says so (the prompt position: ``generate``)."""
+        if self.session.trainer is not None and should_run(
+            self.args.save_interval, rollout_id, self.args.num_rollout
+        ):
+            self.session.trainer.save(rollout_id)
+
+    def push_due(self, rollout_id: int) -> bool:
+        """Whether the weights go to the engines after this rollout (``--update-weights-interval``)."""
+        trains = self.session.trainer is not None
+        return trains and should_run(self.args.update_weights_interval, rollout_id, self.args.num_rollout)
+
+    def push_weights(self) -> dict[str, float]:
+        start = time.perf_counter()
+        self.session.push_weights(self.version)
+        return {"perf/update_weights_time": time.perf_counter() - start}
+
+    def finish(self, rollout_id: int, metrics: dict[str, float]) -> None:
+        """Evaluation when due, then the rollout's metrics with its wall-clock ``perf/step_time``."""
+        if should_run(self.args.eval_interval, rollout_id, self.args.num_rollout):
+            metrics.update(ray.get(self.session.rollout.eval.remote(rollout_id)))
+        now = time.perf_counter()
+        metrics["perf/step_time"] = now - self._step_start
+        self._step_start = now
+        self.metrics_logger.log(rollout_id, metrics)
+
+    def close(self) -> None:
+        """After the last rollout: the HF export (``--save-hf``) and the logger's last flush."""
+        if self.args.save_hf and self.session.trainer is not None:
+            logger.info("HF checkpoint written to %s", self.session.trainer.save_hf(self.args.save_hf))
+        self.metrics_logger.close()

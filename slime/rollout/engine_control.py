@@ -1,0 +1,55 @@
+"""Stopping generation on every engine behind a router: abort all requests, then wait until idle.
+
+Dynamic sampling stops as soon as enough groups are kept, and the requests still running would
+otherwise keep the engines busy into the weight update. ``abort_all`` sends SGLang's
+``POST /abort_request {"abort_all": true}`` to every engine the router lists (the router has no abort
+of its own); the aborted requests answer with ``finish_reason`` ``abort`` and what they generated so
+far. ``wait_idle`` then polls ``GET /get_load`` until no engine holds a request, so nothing runs on
+when the rollout returns. Synchronous (control calls, a handful per rollout): async callers use
+``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from slime.rollout.router import list_workers
+from slime.utils.http import get_json, post_json_sync
+
+DEFAULT_IDLE_TIMEOUT_S = 60.0
+
+
+def engine_urls(router_url: str) -> list[str]:
+    """The engines the router routes to right now."""
+    return [worker["url"] for worker in list_workers(router_url)]
+
+
+def _each(fn: Any, urls: list[str]) -> list[Any]:
+    with ThreadPoolExecutor(max_workers=max(1, len(urls))) as pool:
+        return list(pool.map(fn, urls))
+
+
+def abort_all(urls: list[str]) -> None:
+    """Aborts every waiting and running request on each engine."""
+    _each(lambda url: post_json_sync(f"{url}/abort_request", {"abort_all": True}), urls)
+
+
+def num_requests(url: str) -> int:
+    """Requests an engine holds (running + waiting), from SGLang's ``/get_load`` (one entry per DP rank)."""
+    load = get_json(f"{url}/get_load")
+    entries = load if isinstance(load, list) else [load]
+    return sum(int(entry["num_reqs"]) for entry in entries)
+
+
+def wait_idle(urls: list[str], timeout_s: float = DEFAULT_IDLE_TIMEOUT_S, interval_s: float = 0.05) -> None:
+    """Returns once no engine holds a request; raises ``TimeoutError`` naming the busy ones."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        busy = {url: n for url, n in zip(urls, _each(num_requests, urls), strict=True) if n}
+        if not busy:
+            return
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"engines still hold requests {timeout_s:.0f} s after the abort: {busy}")
+        time.sleep(interval_s)

@@ -1,0 +1,43 @@
+"""Dynamic-sampling filters: which finished prompt groups a rollout trains on.
+
+``--dynamic-sampling-filter-path`` names ``fn(args, group) -> FilterResult | bool``. The rollout keeps
+sampling ``--over-sampling-batch-size`` prompts at a time until ``--rollout-batch-size`` groups are
+kept, then aborts what is still generating; dropped groups are counted per ``reason`` in the rollout
+metrics (``rollout/dynamic_sampling/dropped/<reason>``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from slime.rollout.sample import Sample
+
+DEFAULT_DROP_REASON = "filtered"
+
+
+@dataclass(frozen=True)
+class FilterResult:
+    """A filter's verdict on one group; ``reason`` names why it was dropped (a metric key)."""
+
+    keep: bool
+    reason: str | None = None
+
+
+def as_filter_result(verdict: FilterResult | bool) -> FilterResult:
+    """A filter may answer a plain bool; anything else is a contract error."""
+    if isinstance(verdict, FilterResult):
+        return verdict
+    if isinstance(verdict, bool):
+        return FilterResult(verdict, None if verdict else DEFAULT_DROP_REASON)
+    raise TypeError(
+        f"a dynamic-sampling filter returned {type(verdict).__name__}; expected FilterResult or bool"
+    )
+
+
+def keep_varied_rewards(args: argparse.Namespace, group: list[Sample]) -> FilterResult:
+    """Drops groups whose rewards all agree: with group-relative advantages they train on nothing."""
+    rewards = [sample.reward_value(args.reward_key) for sample in group]
+    if max(rewards) == min(rewards):
+        return FilterResult(False, "rewards_all_equal")
+    return FilterResult(True)

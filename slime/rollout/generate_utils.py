@@ -1,0 +1,224 @@
+"""Building blocks of generate functions: one model turn through the router, appended to a ``Sample``.
+
+A custom generate function (``--custom-generate-function-path``, ``async fn(args, sample,
+sampling_params) -> Sample | list[Sample]``) is a loop of two kinds of appends to one sample:
+
+- ``append_model_turn``: tokens the policy sampled, with the engine's log-probs, loss mask 1;
+- ``append_env_output``: tokens the environment wrote (tool results, user turns), loss mask 0.
+
+Both append token ids, never text, so ``sample.tokens`` is exactly what the engine saw and sampled and
+the trainer scores it without re-tokenizing anything (text -> ids does not round-trip). A sketch::
+
+    async def generate(args, sample, sampling_params):
+        start_sample(args, sample)
+        for _ in range(args.max_turns):
+            turn = await generate_turn(args, sample.tokens, sampling_params | {"max_new_tokens": 64})
+            append_model_turn(sample, turn)
+            if turn.status is not Sample.Status.COMPLETED or not wants_tool(turn.text):
+                break
+            append_env_output(sample, env_token_ids(args, run_tool(turn.text)), run_tool(turn.text))
+        return sample
+
+``generate_turn`` posts to the router of ``args`` (``args.sglang_router_ip``/``port``) on the rollout's
+shared HTTP session, and once the rollout aborts (over-sampling finished, a weight update) it answers
+ABORTED at once without sending anything, so loops end promptly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import contextvars
+import functools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from slime.rollout.data_source import load_tokenizer, render_chat
+from slime.rollout.sample import Sample
+from slime.utils.http import post_json
+
+_FINISH_STATUS = {
+    "stop": Sample.Status.COMPLETED,
+    "length": Sample.Status.TRUNCATED,
+    "abort": Sample.Status.ABORTED,
+}
+
+
+@dataclass
+class Turn:
+    """One ``/generate`` reply, checked: the sampled ids with their log-probs and how it ended."""
+
+    output_ids: list[int]
+    log_probs: list[float]
+    text: str
+    status: Sample.Status
+    weight_version: str
+    finish_reason: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RolloutContext:
+    """What every generate call of one rollout shares: the HTTP session and the abort signal."""
+
+    session: aiohttp.ClientSession
+    aborted: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+_CONTEXT: contextvars.ContextVar[RolloutContext | None] = contextvars.ContextVar(
+    "slime_rollout", default=None
+)
+
+
+@contextlib.contextmanager
+def rollout_context(context: RolloutContext) -> Iterator[RolloutContext]:
+    """Makes ``context`` the one ``generate_turn`` uses in this task and the tasks it starts."""
+    token = _CONTEXT.set(context)
+    try:
+        yield context
+    finally:
+        _CONTEXT.reset(token)
+
+
+def router_url(args: argparse.Namespace) -> str:
+    """The router's base URL, as the rollout manager published it on ``args``."""
+    return f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
+
+
+@functools.cache
+def cached_tokenizer(path: str) -> Any:
+    """The ``--hf-checkpoint`` tokenizer, loaded once per process."""
+    return load_tokenizer(path)
+
+
+def prompt_ids(args: argparse.Namespace, sample: Sample) -> list[int]:
+    """The prompt's token ids: chat messages are rendered with the chat template first."""
+    tokenizer = cached_tokenizer(args.hf_checkpoint)
+    tools = sample.metadata.get("tools")
+    prompt = sample.prompt if isinstance(sample.prompt, str) else render_chat(tokenizer, sample.prompt, tools)
+    return tokenizer(prompt, add_special_tokens=False)["input_ids"]
+
+
+def env_token_ids(args: argparse.Namespace, text: str) -> list[int]:
+    """Token ids of text the environment adds (no special tokens added around it)."""
+    return cached_tokenizer(args.hf_checkpoint)(text, add_special_tokens=False)["input_ids"]
+
+
+def start_sample(args: argparse.Namespace, sample: Sample) -> None:
+    """Puts the prompt's ids in ``tokens`` unless already there (a resumed partial response keeps its own)."""
+    if not sample.tokens:
+        sample.tokens = prompt_ids(args, sample)
+
+
+def remaining_tokens(sample: Sample, sampling_params: dict[str, Any]) -> int:
+    """Response tokens still allowed: ``max_new_tokens`` is a budget for the whole (multi-turn) response."""
+    return sampling_params["max_new_tokens"] - sample.response_length
+
+
+def parse_reply(reply: dict[str, Any], index: int | None = None) -> Turn:
+    """A ``Turn`` from one SGLang ``/generate`` reply sent with ``return_logprob``; raises ``ValueError``
+    when the reply lacks log-probs, they disagree with ``output_ids``, or the finish reason is unknown."""
+    meta = reply["meta_info"]
+    output_ids = list(reply["output_ids"])
+    triples = meta.get("output_token_logprobs")
+    if triples is None:
+        raise ValueError("the /generate reply has no meta_info.output_token_logprobs; send return_logprob")
+    if [t[1] for t in triples] != output_ids:
+        raise ValueError(
+            f"sample {index}: output_token_logprobs ids {[t[1] for t in triples]} differ from "
+            f"output_ids {output_ids}"
+        )
+    finish = meta.get("finish_reason") or {}
+    kind = finish.get("type") if isinstance(finish, dict) else finish
+    if kind not in _FINISH_STATUS:
+        raise ValueError(f"sample {index}: unknown finish_reason {finish!r}")
+    return Turn(
+        output_ids=output_ids,
+        log_probs=[float(t[0]) for t in triples],
+        text=reply.get("text", ""),
+        status=_FINISH_STATUS[kind],
+        weight_version=str(meta.get("weight_version")),
+        finish_reason=finish if isinstance(finish, dict) else {"type": kind},
+    )
+
+
+def sampling_seed(args: argparse.Namespace, index: int, prompt_length: int) -> int:
+    """The request's own seed: from ``--rollout-seed``, the sample's index (indices continue across a
+    resume) and how long the input is (each turn of a sample differs), never from which engine or batch
+    it lands in. A resumed run so samples the same tokens as the uninterrupted one (the torch engine
+    always; SGLang with deterministic inference on)."""
+    return (args.rollout_seed * 1_000_003 + index * 65_537 + prompt_length) % 2**31
+
+
+async def generate_turn(
+    args: argparse.Namespace, input_ids: list[int], sampling_params: dict[str, Any], index: int | None = None
+) -> Turn:
+    """One model turn on ``input_ids`` through the router (ABORTED without a request once the rollout aborts).
+
+    ``max_new_tokens`` <= 0 is answered TRUNCATED without a request: the budget is spent.
+    """
+    context = _CONTEXT.get()
+    if context is not None and context.aborted.is_set():
+        return Turn([], [], "", Sample.Status.ABORTED, "", {"type": "abort"})
+    if sampling_params["max_new_tokens"] <= 0:
+        return Turn([], [], "", Sample.Status.TRUNCATED, "", {"type": "length"})
+    if index is not None and "sampling_seed" not in sampling_params:
+        sampling_params = {**sampling_params, "sampling_seed": sampling_seed(args, index, len(input_ids))}
+    payload = {"input_ids": list(input_ids), "sampling_params": sampling_params, "return_logprob": True}
+    url = f"{router_url(args)}/generate"
+    if context is not None:
+        return parse_reply(await post_json(context.session, url, payload), index)
+    async with aiohttp.ClientSession() as session:  # outside a rollout, e.g. a quick script
+        return parse_reply(await post_json(session, url, payload), index)
+
+
+def _check_response(sample: Sample) -> None:
+    if sample.loss_mask is None:
+        sample.loss_mask = [1] * sample.response_length  # a response built by hand, all policy tokens
+    if sample.rollout_log_probs is None:
+        sample.rollout_log_probs = [0.0] * sample.response_length
+
+
+def append_model_turn(sample: Sample, turn: Turn) -> None:
+    """Appends a model turn: its ids, log-probs, text, loss mask 1, weight version; status from its end."""
+    _check_response(sample)
+    start = sample.response_length
+    sample.tokens += turn.output_ids
+    sample.response += turn.text
+    sample.response_length += len(turn.output_ids)
+    sample.loss_mask += [1] * len(turn.output_ids)
+    sample.rollout_log_probs += turn.log_probs
+    if turn.output_ids:  # a turn that sampled nothing (aborted at once, no budget) holds no tokens to track
+        sample.weight_versions.append(turn.weight_version)
+        sample.turn_spans.append((start, sample.response_length))
+    sample.status = turn.status
+
+
+def append_env_output(sample: Sample, token_ids: list[int], text: str) -> None:
+    """Appends environment output (tool result, user turn): loss mask 0, log-prob 0.0 placeholders."""
+    _check_response(sample)
+    sample.tokens += token_ids
+    sample.response += text
+    sample.response_length += len(token_ids)
+    sample.loss_mask += [0] * len(token_ids)
+    sample.rollout_log_probs += [0.0] * len(token_ids)
+
+
+def mask_offpolicy_turns(sample: Sample) -> int:
+    """Zeroes the loss mask of turns sampled under another weight version than the last turn's.
+
+    A partial rollout resumed after a weight update holds tokens of an older policy; these are not
+    on-policy for the update that follows. Returns how many trained tokens were masked.
+    """
+    if not sample.turn_spans or sample.loss_mask is None:
+        return 0
+    latest = sample.weight_versions[-1]
+    masked = 0
+    for version, (start, end) in zip(sample.weight_versions, sample.turn_spans, strict=True):
+        if version != latest:
+            masked += sum(sample.loss_mask[start:end])
+            sample.loss_mask[start:end] = [0] * (end - start)
+    return masked

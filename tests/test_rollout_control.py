@@ -1,0 +1,207 @@
+"""Rollout control end to end: two torch engines behind a real sglang-router, driven as in production.
+
+- the multi-turn calculator example through a RolloutManager for 2 rollouts (prompts from the
+  ``--data-source-path`` example), checked turn by turn against the tool it calls;
+- dynamic sampling: a filter drops groups, the rollout stops at the target and aborts the rest, and
+  no request is left on any engine;
+- partial rollout: aborted samples go back with their tokens and resume, after a weight-version change,
+  as the concatenation of both parts, the older part masked out of the loss.
+
+The last two call the default rollout function in this process against the manager's router.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+from pathlib import Path
+
+import pytest
+import ray
+from conftest import running_rollout_manager
+
+from examples.multi_turn_tool.calculator import tool_reply
+from slime.config import parse_args
+from slime.rollout import engine_control
+from slime.rollout.data_source import PromptDataSource
+from slime.rollout.filters import FilterResult
+from slime.rollout.generate_utils import cached_tokenizer
+from slime.rollout.sample import Sample
+from slime.rollout.sglang_rollout import sample_rollout
+from slime.utils.http import get_json, post_json_sync
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parent.parent
+PROMPTS = REPO / "examples/multi_turn_tool/prompts.jsonl"
+MULTI_TURN = [
+    "--data-source-path", f"{REPO}/examples/data_plugins/arithmetic_source.py:ArithmeticSource",
+    "--custom-generate-function-path", "examples.multi_turn_tool.calculator.generate",
+    "--custom-rm-path", f"{REPO}/examples/multi_turn_tool/calculator.py:reward",
+    "--max-turns", "3",
+    "--rollout-max-response-len", "48",
+]  # fmt: skip
+
+
+def make_args(model: Path, *extra: str, router_url: str | None = None):
+    args = parse_args(
+        [
+            "--hf-checkpoint", str(model),
+            "--n-samples-per-prompt", "2",
+            "--rollout-num-gpus", "2",
+            "--rollout-backend", "torch",
+            "--num-rollout", "2",
+            "--debug-rollout-only",
+            "--log-level", "WARNING",
+            "--sglang-max-running-requests", "4",
+            *extra,
+        ]
+    )  # fmt: skip
+    if router_url is not None:
+        args.sglang_router_ip, args.sglang_router_port = router_url.removeprefix("http://").split(":")
+    return args
+
+
+@pytest.fixture(scope="module")
+def rollout(ray_cluster, tiny_models, tmp_path_factory):
+    """A manager running the multi-turn example on two engines; the other tests reuse its router."""
+    args = make_args(tiny_models["qwen2"], "--rollout-batch-size", "2", *MULTI_TURN)
+    with running_rollout_manager(args, tmp_path_factory.mktemp("logs")) as running:
+        yield running
+
+
+def runs(mask: list[int]) -> list[tuple[int, int, int]]:
+    """``(value, start, end)`` of each maximal run of equal values."""
+    out, start = [], 0
+    for value, items in itertools.groupby(mask):
+        n = len(list(items))
+        out.append((value, start, start + n))
+        start += n
+    return out
+
+
+def test_multi_turn_example_masks_every_tool_reply_over_two_rollouts(rollout, tiny_models):
+    manager, _, _ = rollout
+    tokenizer = cached_tokenizer(str(tiny_models["qwen2"]))
+    indices, tool_tokens = [], 0
+    for rollout_id in range(2):
+        data = ray.get(manager.generate.remote(rollout_id))
+        data.pop("metrics")
+        indices += data["sample_indices"]
+        keys = ("tokens", "response_lengths", "loss_masks", "rollout_log_probs")
+        for tokens, n, mask, log_probs in zip(*(data[key] for key in keys), strict=True):
+            assert 0 < n <= 48 and len(mask) == len(log_probs) == n
+            response = tokens[-n:]
+            segments = runs(mask)
+            assert segments[0][0] == 1  # the model speaks first
+            assert len([s for s in segments if s[0] == 1]) <= 3  # --max-turns
+            for (value, start, end), previous in zip(segments, [None, *segments], strict=False):
+                if value == 0:  # a tool reply: exactly what the calculator answers to the turn before it
+                    model_text = tokenizer.decode(response[previous[1] : previous[2]])
+                    assert tokenizer.decode(response[start:end]) == tool_reply(model_text)
+                    assert log_probs[start:end] == [0.0] * (end - start)
+                    tool_tokens += end - start
+                else:
+                    assert all(lp < 0.0 for lp in log_probs[start:end])
+    assert tool_tokens > 0  # the random model never answers within one turn of 16 tokens every time
+    assert indices == list(range(8))  # the example data source continued across rollouts
+
+
+_seen: list[int] = []
+
+
+def drop_first_two(args, group: list[Sample]) -> FilterResult:
+    """A dynamic-sampling filter that drops the first two groups it sees."""
+    _seen.append(group[0].group_index)
+    return FilterResult(len(_seen) > 2, None if len(_seen) > 2 else "first_two")
+
+
+def drop_all(args, group: list[Sample]) -> FilterResult:
+    return FilterResult(False, "always")
+
+
+def aborted_requests(url: str) -> int:
+    return get_json(f"{url}/get_server_info")["internal_states"][0]["aborted_requests"]
+
+
+def control_args(model: Path, router_url: str, *extra: str):
+    return make_args(
+        model,
+        "--prompt-data", str(PROMPTS), "--input-key", "prompt", "--label-key", "label", "--rm-type", "exact",
+        "--rollout-max-response-len", "64",
+        *extra,
+        router_url=router_url,
+    )  # fmt: skip
+
+
+def test_dynamic_sampling_stops_at_the_target_and_leaves_no_request_on_any_engine(rollout, tiny_models):
+    _, urls, router_url = rollout
+    args = control_args(
+        tiny_models["qwen2"], router_url,
+        "--rollout-batch-size", "1", "--over-sampling-batch-size", "8",
+        "--dynamic-sampling-filter-path", f"{__name__}.drop_first_two",
+    )  # fmt: skip
+    source = PromptDataSource.from_args(args)
+    before = sum(aborted_requests(url) for url in urls)
+    _seen.clear()
+    output = asyncio.run(sample_rollout(args, 0, source))
+    assert [engine_control.num_requests(url) for url in urls] == [0, 0]
+    assert sum(aborted_requests(url) for url in urls) > before  # in-flight requests were aborted
+    [group] = output.groups
+    assert group[0].group_index not in _seen[:2] and all(s.finished and s.reward is not None for s in group)
+    assert output.metrics["rollout/dynamic_sampling/dropped/first_two"] == 2.0
+    assert output.metrics["rollout/dynamic_sampling/finished_groups"] == 3.0
+    assert output.metrics["rollout/returned_groups"] == 5.0  # 8 drawn - 3 finished and filtered
+    assert len(source.buffer) == 5  # without --partial-rollout they come back as fresh prompts
+    for sample in (s for g in source.buffer for s in g):
+        assert sample.status is Sample.Status.PENDING and sample.response_length == 0
+        assert sample.loss_mask is None and sample.weight_versions == [] and sample.tokens  # prompt ids kept
+
+
+def test_a_filter_that_keeps_nothing_stops_the_rollout_instead_of_drawing_forever(rollout, tiny_models):
+    _, urls, router_url = rollout
+    args = control_args(
+        tiny_models["qwen2"], router_url,
+        "--rollout-batch-size", "1", "--over-sampling-batch-size", "4",
+        "--dynamic-sampling-filter-path", f"{__name__}.drop_all",
+    )  # fmt: skip
+    with pytest.raises(RuntimeError, match=r"dropped all 2\d groups .*'always'"):
+        asyncio.run(sample_rollout(args, 0, PromptDataSource.from_args(args)))
+    assert [engine_control.num_requests(url) for url in urls] == [0, 0]
+
+
+def test_partial_rollout_resumes_aborted_samples_as_the_concatenation_of_both_parts(rollout, tiny_models):
+    _, urls, router_url = rollout
+    flags = (
+        "--partial-rollout", "--mask-offpolicy-in-partial-rollout",
+        "--buffer-filter-path", f"{REPO}/examples/data_plugins/buffer_filters.py:most_progress_first",
+    )  # fmt: skip
+    over_sampling = ("--rollout-batch-size", "1", "--over-sampling-batch-size", "8")
+    args = control_args(tiny_models["qwen2"], router_url, *over_sampling, *flags)
+    source = PromptDataSource.from_args(args)  # with the buffer filter of --buffer-filter-path
+    first = asyncio.run(sample_rollout(args, 0, source))
+    assert len(first.groups) == 1 and len(source.buffer) == 7
+    assert first.metrics["rollout/partial_samples_returned"] >= 1
+    parts = {s.index: copy.deepcopy(s) for g in source.buffer for s in g}
+    progress = {g[0].group_index: sum(s.response_length for s in g) for g in source.buffer}
+    for url in urls:  # new weights: what was generated before is off-policy now
+        post_json_sync(f"{url}/update_weight_version", {"new_version": "v2"})
+
+    resume = control_args(tiny_models["qwen2"], router_url, "--rollout-batch-size", "7", *flags)
+    second = asyncio.run(sample_rollout(resume, 1, source))
+    served = [g[0].group_index for g in second.groups]  # in the order drawn from the buffer
+    assert served == sorted(progress, key=lambda i: -progress[i])  # the buffer filter's order
+    masked = 0
+    for sample in (s for g in second.groups for s in g):
+        part = parts[sample.index]
+        n1 = part.response_length
+        assert sample.finished and sample.tokens[: len(part.tokens)] == part.tokens
+        assert n1 <= sample.response_length <= 64
+        if part.status is Sample.Status.ABORTED and n1:
+            assert sample.rollout_log_probs[:n1] == part.rollout_log_probs
+            assert sample.turn_spans == [(0, n1), (n1, sample.response_length)]
+            assert sample.weight_versions[-1] == "v2" and sample.weight_versions[0] != "v2"
+            assert sample.loss_mask == [0] * n1 + [1] * (sample.response_length - n1)
+            masked += n1
+    assert masked > 0 and second.metrics["rollout/offpolicy_masked_tokens"] == masked

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shlex
 import subprocess
@@ -42,6 +44,15 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def reverse_task(tmp_path_factory) -> Path:
+    """A JSONL prompt set for loop tests: reverse three letters; the label is the reversed string."""
+    path = tmp_path_factory.mktemp("reverse_task") / "train.jsonl"
+    words = ["abc", "xyz", "cat", "dog", "sun", "sky", "red", "fox"]
+    path.write_text("".join(json.dumps({"input": w, "label": w[::-1]}) + "\n" for w in words))
+    return path
+
+
+@pytest.fixture(scope="session")
 def ray_cluster():
     """One local Ray cluster with 8 logical GPUs, shared by every test that places actors."""
     import ray
@@ -50,3 +61,23 @@ def ray_cluster():
     ray.init(num_gpus=8, include_dashboard=False, logging_level="warning", log_to_driver=False)
     yield
     ray.shutdown()
+
+
+@contextlib.contextmanager
+def running_rollout_manager(args, log_dir: Path):
+    """A RolloutManager with its engines (one per bundle of ``--rollout-num-gpus``) and router started;
+    yields ``(manager, engine urls, router url)`` and stops all of it after."""
+    import ray
+
+    from slime.ray.cluster import create_placement_group, release_placement_group
+    from slime.ray.rollout_manager import RolloutManager
+
+    pg = create_placement_group(args.rollout_num_gpus)
+    manager = RolloutManager.remote(args, pg, list(range(args.rollout_num_gpus)), log_dir=str(log_dir))
+    try:
+        urls, router_url = ray.get(manager.start.remote(120))
+        yield manager, urls, router_url
+    finally:
+        ray.get(manager.shutdown.remote())
+        ray.kill(manager)
+        release_placement_group(pg)

@@ -418,6 +418,8 @@ TP, PP = "--tensor-model-parallel-size", "--pipeline-model-parallel-size"
         (["--rollout-num-gpus", "2"], "--rollout-num-gpus", "--colocate"),
         ([GPUS, "2", "--rollout-num-gpus-per-engine", "4"], "--rollout-num-gpus", "4"),
         ([GPUS, "12", ENGINE, "12"], ENGINE, "--num-gpus-per-node 8"),
+        ([GPUS, "2", "--context-parallel-size", "2"], "--context-parallel-size", "Transformer Engine"),
+        ([GPUS, "2", TP, "2", "--sequence-parallel"], "--sequence-parallel", "Transformer Engine"),
     ],
 )  # fmt: skip
 def test_parallel_layout_errors(
@@ -599,19 +601,29 @@ def test_help_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
     assert exc.value.code == 0 and "slime: debug:" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(
-    ("extra", "flag"),
-    [
-        (("--advantage-estimator", "ppo"), "--advantage-estimator"),
-        (("--use-rollout-logprobs",), "--use-rollout-logprobs"),
-        (("--kl-coef", "0.1"), "--kl-coef"),
-        ((), "--colocate"),
-    ],
-)
-def test_flags_whose_feature_has_not_landed_are_refused_by_name(
-    hf: str, extra: tuple[str, ...], flag: str
-) -> None:
+def test_flags_whose_feature_has_not_landed_are_refused_by_name(hf: str) -> None:
+    extra, flag = ("--ref-load", "."), "--ref-load"
     args = parse_args(base(hf, *extra))
     with pytest.raises(ConfigError) as exc:
         check_implemented(args)
     assert exc.value.flag == flag and "not implemented" in exc.value.line()
+
+
+# --- checkpoints to load -----------------------------------------------------------------------
+
+
+def test_ckpt_step_picks_a_saved_rollout_and_names_the_saved_ones(
+    hf: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    for rollout_id in (1, 3):
+        (ckpt / f"iter_{rollout_id:07d}").mkdir(parents=True)
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("3")
+    assert parse_args(base(hf, "--load", str(ckpt), "--ckpt-step", "1")).ckpt_step == 1
+    err = expect_error(capsys, base(hf, "--load", str(ckpt), "--ckpt-step", "2"), "--ckpt-step")
+    assert "no checkpoint of rollout 2" in err and "saved rollouts: [1, 3]" in err
+    expect_error(capsys, base(hf, "--ckpt-step", "1"), "--ckpt-step")
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("5")
+    assert "iter_0000005 is missing" in expect_error(capsys, base(hf, "--load", str(ckpt)), "--load")
+    # A --load directory without a checkpoint yet is a fresh start (the run's own --save dir).
+    assert parse_args(base(hf, "--load", str(tmp_path / "empty"))).load is not None

@@ -28,22 +28,11 @@ from slime.utils.http import get_json, post_json_sync
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(scope="module")
-def task(tmp_path_factory) -> Path:
-    """Reverse three letters; the label is the reversed string (exact-match reward)."""
-    root = tmp_path_factory.mktemp("loop_data")
-    words = ["abc", "xyz", "cat", "dog", "sun", "sky", "red", "fox"]
-    (root / "train.jsonl").write_text(
-        "".join(json.dumps({"input": w, "label": w[::-1]}) + "\n" for w in words)
-    )
-    return root
-
-
 def loop_flags(model: Path, task: Path, *extra: str) -> list[str]:
     return [
         *model_args(),
         "--hf-checkpoint", str(model),
-        "--prompt-data", str(task / "train.jsonl"),
+        "--prompt-data", str(task),
         "--label-key", "label",
         "--rm-type", "exact",
         "--rollout-batch-size", "4",
@@ -73,10 +62,10 @@ def processes_tagged(tag: str) -> list[str]:
     return found
 
 
-def test_session_pushes_trainer_weights_to_every_engine(ray_cluster, tiny_models, task):
+def test_session_pushes_trainer_weights_to_every_engine(ray_cluster, tiny_models, reverse_task):
     from slime.ray.session import TrainingSession
 
-    args = parse_args(loop_flags(tiny_models["qwen2"], task))
+    args = parse_args(loop_flags(tiny_models["qwen2"], reverse_task))
     with TrainingSession(args) as session:
         session.push_weights()
         data = ray.get(session.rollout.generate.remote(0))
@@ -126,33 +115,47 @@ def run_train(flags: list[str]) -> subprocess.CompletedProcess:
     return result
 
 
-def test_train_py_runs_grpo_logs_every_scalar_and_resumes(tiny_models, task, tmp_path):
+def test_train_py_runs_grpo_logs_every_scalar_and_resumes_exactly(tiny_models, reverse_task, tmp_path):
+    """A run resumed from its rollout-1 checkpoint repeats rollout 2 of the uninterrupted run exactly:
+    the same prompts in the same order, the same sampled tokens (seeded per sample) and the same loss."""
     ckpt, tb = tmp_path / "ckpt", tmp_path / "tb"
     flags = loop_flags(
-        tiny_models["qwen2"], task, "--save", str(ckpt), "--save-interval", "2", "--tb-dir", str(tb)
-    )
+        tiny_models["qwen2"], reverse_task, "--save", str(ckpt), "--save-interval", "2", "--tb-dir", str(tb),
+        "--save-debug-rollout-data", str(tmp_path / "full_{rollout_id}.pt"),
+    )  # fmt: skip
+    flags[flags.index("--num-rollout") + 1] = "3"
     run_train(flags)
     scalars = read_events(tb)
     missing = [tag for tag in REQUIRED_SCALARS if tag not in scalars]
     assert not missing, missing
-    assert [step for step, _ in scalars["train/loss"]] == [0, 1]
+    assert [step for step, _ in scalars["train/loss"]] == [0, 1, 2]
     assert scalars["train/ppo_kl"][0][1] < 1e-6
     assert all(value < 1e-3 for _, value in scalars["train/train_rollout_logprob_abs_diff"])
-    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "1"
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "2"  # saved at rollouts 1 and 2
     saved_position = json.loads((ckpt / "rollout" / "data_source_1.json").read_text())
+    assert saved_position["next_group_index"] == 2 * 4  # two rollouts of 4 prompt groups
 
     resumed_tb = tmp_path / "tb_resumed"
-    flags = loop_flags(tiny_models["qwen2"], task, "--load", str(ckpt), "--tb-dir", str(resumed_tb))
+    flags = loop_flags(
+        tiny_models["qwen2"], reverse_task, "--load", str(ckpt), "--ckpt-step", "1",
+        "--tb-dir", str(resumed_tb), "--save-debug-rollout-data", str(tmp_path / "resumed_{rollout_id}.pt"),
+    )  # fmt: skip
     flags[flags.index("--num-rollout") + 1] = "3"
     result = run_train(flags)
     assert "resumed from" in result.stderr and "at rollout 2" in result.stderr
-    assert [step for step, _ in read_events(resumed_tb)["train/loss"]] == [2]
-    assert saved_position["next_group_index"] == 2 * 4  # two rollouts of 4 prompt groups
+    resumed = read_events(resumed_tb)
+    assert [step for step, _ in resumed["train/loss"]] == [2]
+
+    full, again = (torch.load(tmp_path / f"{run}_2.pt", weights_only=False) for run in ("full", "resumed"))
+    for key in ("tokens", "response_lengths", "rewards", "loss_masks"):
+        assert full[key] == again[key], key
+    for tag in ("train/loss", "train/pg_loss", "train/grad_norm", "rollout/raw_reward"):
+        assert resumed[tag][0][1] == pytest.approx(scalars[tag][2][1], rel=1e-6, abs=1e-9), tag
 
 
-def test_ctrl_c_stops_every_process_of_the_run(tiny_models, task):
+def test_ctrl_c_stops_every_process_of_the_run(tiny_models, reverse_task):
     tag = uuid.uuid4().hex
-    flags = loop_flags(tiny_models["qwen2"], task)
+    flags = loop_flags(tiny_models["qwen2"], reverse_task)
     flags[flags.index("--num-rollout") + 1] = "100"
     env = {**os.environ, "SLIME_TEST_RUN": tag}
     # As in a terminal: a test runner started in the background inherits SIGINT ignored, and so

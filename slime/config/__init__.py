@@ -8,13 +8,14 @@ from slime.config.errors import ConfigError
 from slime.config.parser import build_parser, parse_args
 from slime.config.sglang_args import collect_sglang_args
 from slime.config.slime_args import PLUGIN_FLAGS
-from slime.config.validate import check_implemented, split_data_path, validate_args
+from slime.config.validate import check_implemented, check_overlappable, split_data_path, validate_args
 
 __all__ = [
     "PLUGIN_FLAGS",
     "ConfigError",
     "build_parser",
     "check_implemented",
+    "check_overlappable",
     "collect_sglang_args",
     "parse_args",
     "split_data_path",

@@ -8,16 +8,12 @@ import argparse
 from slime.config import slime_rollout_args as rollout
 from slime.config import slime_train_args as train
 from slime.config.slime_rollout_args import DEFAULT_ROLLOUT_FUNCTION_PATH
+from slime.utils.plugins import PLUGIN_CONTRACTS
 
-# Every flag whose value is a ``module.attr`` dotted path to a user function. Validation imports
-# each one it is given, so a typo fails at start-up rather than inside a Ray actor.
-PLUGIN_FLAGS: tuple[str, ...] = (
-    "--rollout-function-path",
-    "--custom-generate-function-path",
-    "--custom-rm-path",
-    "--custom-advantage-function-path",
-    "--custom-loss-function-path",
-)
+# Every flag whose value is a plugin path (``pkg.module.fn`` or ``file.py:fn``), from the one table of
+# plugin contracts. Validation loads and signature-checks each one given, so a typo or a wrong
+# signature fails at start-up rather than inside a Ray actor.
+PLUGIN_FLAGS: tuple[str, ...] = tuple(PLUGIN_CONTRACTS)
 
 __all__ = ["DEFAULT_ROLLOUT_FUNCTION_PATH", "PLUGIN_FLAGS", "add_slime_arguments"]
 
@@ -30,6 +26,7 @@ def add_slime_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     train.add_algorithm_arguments(parser)
     rollout.add_reward_arguments(parser)
     train.add_weight_sync_arguments(parser)
+    train.add_async_arguments(parser)
     rollout.add_eval_arguments(parser)
     train.add_logging_arguments(parser)
     train.add_checkpoint_arguments(parser)

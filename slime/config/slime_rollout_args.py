@@ -24,6 +24,14 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         "--colocate", action="store_true", help="Run trainers and engines on the same GPUs, taking turns."
     )
     g.add_argument(
+        "--rollout-external-engine-addrs",
+        nargs="+",
+        default=None,
+        metavar="HOST:PORT",
+        help="Engines already running outside this run (SGLang protocol): added to the router and "
+        "updated with the others, never started or stopped by slime.",
+    )
+    g.add_argument(
         "--rollout-backend",
         choices=["sglang", "torch"],
         default=None,
@@ -52,13 +60,40 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
         "--rollout-function-path",
         type=str,
         default=DEFAULT_ROLLOUT_FUNCTION_PATH,
-        help="Dotted path of the function that produces one rollout.",
+        help="Plugin path (pkg.module.fn or file.py:fn) of fn(args, rollout_id, data_source, evaluation) "
+        "-> RolloutOutput, which produces one whole rollout.",
     )
     g.add_argument(
         "--custom-generate-function-path",
         type=str,
         default=None,
-        help="Dotted path of a per-sample generate function (e.g. multi-turn, tools).",
+        help="Plugin path of async fn(args, sample, sampling_params) -> Sample | list[Sample], the "
+        "per-sample step (multi-turn, tools); helpers in slime.rollout.generate_utils.",
+    )
+    g.add_argument(
+        "--max-turns", type=int, default=8, help="Most model turns of a multi-turn custom generate function."
+    )
+    g.add_argument(
+        "--dynamic-sampling-filter-path",
+        type=str,
+        default=None,
+        help="Plugin path of fn(args, group) -> FilterResult | bool deciding whether a finished prompt group "
+        "is trained on, e.g. slime.rollout.filters.keep_varied_rewards; the rollout samples "
+        "--over-sampling-batch-size prompts at a time until --rollout-batch-size groups are kept.",
+    )
+    g.add_argument(
+        "--buffer-filter-path",
+        type=str,
+        default=None,
+        help="Plugin path of fn(args, buffer, num_groups) -> list of groups picking which returned groups "
+        "are served next (default: oldest first).",
+    )
+    g.add_argument(
+        "--data-source-path",
+        type=str,
+        default=None,
+        help="Plugin path of a data source class C(args) with get_samples, add_samples, save and load "
+        "(default: prompts from --prompt-data).",
     )
     g.add_argument("--rollout-batch-size", type=int, default=None, help="Prompts per rollout (required).")
     g.add_argument("--n-samples-per-prompt", type=int, default=1, help="Responses sampled per prompt.")
@@ -109,6 +144,11 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="Keep aborted, unfinished responses and continue them in the next rollout.",
     )
+    g.add_argument(
+        "--mask-offpolicy-in-partial-rollout",
+        action="store_true",
+        help="With --partial-rollout: leave the tokens generated under older weights out of the loss.",
+    )
 
 
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:
@@ -134,7 +174,10 @@ def add_reward_arguments(parser: argparse.ArgumentParser) -> None:
         "--rm-type", type=str, default=None, help="Built-in reward function, e.g. math, exact or remote."
     )
     g.add_argument(
-        "--custom-rm-path", type=str, default=None, help="Dotted path of a custom reward function."
+        "--custom-rm-path",
+        type=str,
+        default=None,
+        help="Plugin path (pkg.module.fn or file.py:fn) of a custom reward function fn(args, sample).",
     )
     g.add_argument(
         "--group-rm",

@@ -40,6 +40,23 @@ def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="Optimizer steps per rollout (derived when omitted).",
     )
+    g.add_argument(
+        "--qkv-format",
+        choices=["thd", "bshd"],
+        default="thd",
+        help="Micro-batch layout: thd packs the sequences into one row without padding; bshd pads each.",
+    )
+    g.add_argument(
+        "--use-dynamic-batch-size",
+        action="store_true",
+        help="Form micro-batches by --max-tokens-per-gpu instead of --micro-batch-size.",
+    )
+    g.add_argument(
+        "--max-tokens-per-gpu",
+        type=int,
+        default=None,
+        help="Token budget of one micro-batch with --use-dynamic-batch-size (at least the longest sample).",
+    )
     g.add_argument("--eps-clip", type=float, default=0.2, help="PPO clip range, lower side.")
     g.add_argument(
         "--eps-clip-high", type=float, default=None, help="PPO clip range, upper side (default: --eps-clip)."
@@ -86,6 +103,45 @@ def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
         help="Use the engine's log-probs as old log-probs instead of recomputing them.",
     )
     g.add_argument(
+        "--ref-update-interval",
+        type=int,
+        default=None,
+        help="Refresh the KL reference from the current policy every N rollouts (default: never).",
+    )
+    g.add_argument(
+        "--use-mis",
+        action="store_true",
+        help="Masked importance sampling for the rollout/trainer mismatch: drop tokens or sequences whose "
+        "π_old/π_rollout leaves [--mis-lower-bound, --mis-upper-bound], weight the rest by it.",
+    )
+    g.add_argument(
+        "--mis-level",
+        choices=["token", "sequence", "geometric"],
+        default="token",
+        help="MIS ratio per token, per sequence (product) or per sequence geometric mean.",
+    )
+    g.add_argument("--mis-upper-bound", type=float, default=2.0, help="Largest MIS ratio kept.")
+    g.add_argument(
+        "--mis-lower-bound", type=float, default=None, help="Smallest MIS ratio kept (default 1/upper)."
+    )
+    c = parser.add_argument_group("slime: critic (--advantage-estimator ppo)")
+    c.add_argument("--critic-num-nodes", type=int, default=1, help="Nodes of the critic group.")
+    c.add_argument("--critic-num-gpus-per-node", type=int, default=1, help="GPUs per node of the critic.")
+    c.add_argument("--critic-lr", type=float, default=None, help="Critic learning rate (default: --lr).")
+    c.add_argument(
+        "--critic-load", type=str, default=None, help="Critic checkpoint dir (default: <--load>/critic)."
+    )
+    c.add_argument(
+        "--critic-save", type=str, default=None, help="Critic checkpoint dir (default: <--save>/critic)."
+    )
+    c.add_argument("--value-clip", type=float, default=0.2, help="Clip range of the critic's value update.")
+    c.add_argument(
+        "--num-critic-only-steps",
+        type=int,
+        default=0,
+        help="Train only the critic for the first N rollouts (the policy is not updated).",
+    )
+    g.add_argument(
         "--custom-advantage-function-path",
         type=str,
         default=None,
@@ -109,6 +165,37 @@ def add_weight_sync_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=300.0,
         help="Seconds to wait for the engines to take new weights.",
+    )
+    g.add_argument(
+        "--update-weight-transport",
+        choices=["distributed", "tensor", "disk"],
+        default=None,
+        help="How new weights reach the engines: a broadcast over a trainer-engine process group "
+        "(distributed, the default), in place through CUDA IPC / shared memory (tensor, the default "
+        "with --colocate), or an HF safetensors snapshot per version that the engines load (disk).",
+    )
+    g.add_argument(
+        "--update-weight-disk-dir",
+        type=str,
+        default=None,
+        help="With --update-weight-transport disk: where the snapshots go (every engine must read it; "
+        "only the latest snapshot is kept).",
+    )
+    g.add_argument(
+        "--update-weights-interval",
+        type=int,
+        default=1,
+        help="Push the trainer's weights to the engines every N rollouts (and after the last one).",
+    )
+
+
+def add_async_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("slime: overlapped training (train_async.py)")
+    g.add_argument(
+        "--async-buffer-size",
+        type=int,
+        default=1,
+        help="How many rollouts generation may run ahead of the one being trained.",
     )
 
 

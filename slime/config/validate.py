@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib
 import os
 import re
 from collections.abc import Callable, Collection
@@ -23,7 +22,10 @@ from typing import Any
 from slime.config.errors import ConfigError
 from slime.config.hf_config import apply_hf_config, load_hf_config
 from slime.config.megatron_args import add_megatron_arguments
+from slime.config.sglang_args import check_sglang_server_args
 from slime.config.slime_args import DEFAULT_ROLLOUT_FUNCTION_PATH, PLUGIN_FLAGS
+from slime.utils.checkpoint_layout import TRACKER_FILE, iteration_dir, latest_rollout_id, saved_rollout_ids
+from slime.utils.plugins import PluginError, absolute_path, check_plugin
 
 _SLICE = re.compile(r"^(?P<path>.+)@\[(?P<start>-?\d*):(?P<stop>-?\d*)\]$")
 
@@ -41,11 +43,13 @@ def validate_args(args: argparse.Namespace, explicit: Collection[str] | None = N
     _check_modes(args)
     _check_required(args)
     _check_ranges(args)
+    check_sglang_server_args(args.sglang_server_args)
     _check_paths(args)
     _derive_model(args, given)
     _check_cluster(args)
     _check_batch(args)
     _check_parallelism(args)
+    _check_weight_sync(args)
     _check_algorithm(args)
     _check_eval(args)
     _check_plugins(args)
@@ -102,6 +106,11 @@ def _check_modes(args: argparse.Namespace) -> None:
             )
     if args.bf16 and args.fp16:
         raise ConfigError("--fp16", "cannot be combined with --bf16; keep one")
+    if args.mask_offpolicy_in_partial_rollout and not args.partial_rollout:
+        raise ConfigError(
+            "--mask-offpolicy-in-partial-rollout",
+            "needs --partial-rollout (nothing is resumed without it); add it",
+        )
 
 
 def _check_required(args: argparse.Namespace) -> None:
@@ -125,6 +134,7 @@ _POSITIVE = (
     "rollout_batch_size",
     "n_samples_per_prompt",
     "over_sampling_batch_size",
+    "max_turns",
     "rollout_max_response_len",
     "rollout_max_prompt_len",
     "sglang_server_concurrency",
@@ -133,14 +143,20 @@ _POSITIVE = (
     "global_batch_size",
     "num_steps_per_rollout",
     "micro_batch_size",
+    "max_tokens_per_gpu",
     "tensor_model_parallel_size",
     "pipeline_model_parallel_size",
     "context_parallel_size",
     "expert_model_parallel_size",
     "expert_tensor_parallel_size",
     "num_layers_per_virtual_pipeline_stage",
+    "critic_num_nodes",
+    "critic_num_gpus_per_node",
+    "ref_update_interval",
     "update_weight_buffer_size",
     "update_weights_timeout",
+    "update_weights_interval",
+    "async_buffer_size",
     "eval_interval",
     "n_samples_per_eval_prompt",
     "eval_max_response_len",
@@ -178,9 +194,42 @@ def _check_data_file(flag: str, spec: str) -> None:
         raise ConfigError(flag, f"{path} does not exist; pass an existing JSONL or Parquet file")
 
 
+def check_checkpoint_to_load(args: argparse.Namespace, required: bool = False) -> int | None:
+    """The rollout id ``--load`` (and ``--ckpt-step``) will restore, or None for a fresh start.
+
+    A missing ``--load`` directory or tracker is a fresh start, as in Megatron-LM, unless ``required``.
+    """
+    if args.load is None:
+        if required:
+            raise ConfigError("--load", "required; pass a torch_dist checkpoint dir (train.py's --save)")
+        if args.ckpt_step is not None:
+            raise ConfigError("--ckpt-step", "given without --load; add --load DIR")
+        return None
+    try:
+        latest = latest_rollout_id(args.load)
+    except ValueError as e:
+        raise ConfigError("--load", str(e)) from e
+    rollout_id = latest if args.ckpt_step is None else args.ckpt_step
+    if rollout_id is None:
+        if required:
+            raise ConfigError(
+                "--load", f"{args.load} holds no checkpoint ({TRACKER_FILE} is missing); check the path"
+            )
+        return None
+    target = iteration_dir(args.load, rollout_id)
+    if not target.is_dir():
+        raise ConfigError(
+            "--load" if args.ckpt_step is None else "--ckpt-step",
+            f"{args.load} has no checkpoint of rollout {rollout_id} ({target.name} is missing); "
+            f"saved rollouts: {saved_rollout_ids(args.load)}",
+        )
+    return rollout_id
+
+
 def _check_paths(args: argparse.Namespace) -> None:
-    # --hf-checkpoint is read (and so checked) by _derive_model; --load may be missing: that is
-    # a fresh start, as in Megatron-LM; --load-debug-rollout-data is a {rollout_id} pattern.
+    # --hf-checkpoint is read (and so checked) by _derive_model; --load-debug-rollout-data is a
+    # {rollout_id} pattern.
+    check_checkpoint_to_load(args)
     if args.prompt_data is not None:
         _check_data_file("--prompt-data", args.prompt_data)
     if args.ref_load is not None and not os.path.exists(args.ref_load):
@@ -279,6 +328,69 @@ def _check_cluster(args: argparse.Namespace) -> None:
         )
 
 
+def _check_weight_sync(args: argparse.Namespace) -> None:
+    """The weight transport against the placement: in place only when colocated, never NCCL on one GPU."""
+    transport = args.update_weight_transport
+    if transport is None:
+        transport = args.update_weight_transport = "tensor" if args.colocate else "distributed"
+    if args.colocate and args.update_weights_interval != 1:
+        raise ConfigError(
+            "--update-weights-interval",
+            "must be 1 with --colocate (the engines give their memory to the trainer every rollout and "
+            "need the weights back before generating); drop it",
+        )
+    if transport == "tensor" and not args.colocate:
+        raise ConfigError(
+            "--update-weight-transport",
+            "tensor hands the weights over in place and needs --colocate; use distributed or disk",
+        )
+    if transport == "distributed" and args.colocate:
+        raise ConfigError(
+            "--update-weight-transport",
+            "distributed cannot run with --colocate (NCCL needs a GPU per rank); use tensor or disk",
+        )
+    if transport == "tensor":
+        if args.pipeline_model_parallel_size > 1:
+            raise ConfigError(
+                "--colocate",
+                "the tensor transport needs --pipeline-model-parallel-size 1 (each GPU hands its engine "
+                "every weight); add --update-weight-transport disk or drop pipeline parallelism",
+            )
+        if args.rollout_num_gpus_per_engine > args.num_gpus_per_node:
+            raise ConfigError(
+                "--rollout-num-gpus-per-engine",
+                "an engine spanning nodes cannot take weights through CUDA IPC; "
+                "add --update-weight-transport disk",
+            )
+    if transport == "disk" and args.update_weight_disk_dir is None:
+        raise ConfigError(
+            "--update-weight-disk-dir",
+            "required with --update-weight-transport disk; pass a directory every engine can read",
+        )
+    if transport != "disk" and args.update_weight_disk_dir is not None:
+        raise ConfigError(
+            "--update-weight-disk-dir",
+            "given without --update-weight-transport disk; add it or drop this flag",
+        )
+    for addr in args.rollout_external_engine_addrs or []:
+        host, _, port = addr.removeprefix("http://").rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError(
+                "--rollout-external-engine-addrs", f"{addr!r} is not HOST:PORT; e.g. 10.0.0.5:30000"
+            )
+    if args.rollout_external_engine_addrs:
+        if transport == "tensor":
+            raise ConfigError(
+                "--rollout-external-engine-addrs",
+                "engines outside the run cannot map the trainer's memory; add --update-weight-transport disk",
+            )
+        if not args.rollout_num_gpus:
+            raise ConfigError(
+                "--rollout-external-engine-addrs",
+                "needs at least one engine of this run's own in this version (--rollout-num-gpus >= 1)",
+            )
+
+
 def _check_batch(args: argparse.Namespace) -> None:
     rbs, n = args.rollout_batch_size, args.n_samples_per_prompt
     gbs, steps = args.global_batch_size, args.num_steps_per_rollout
@@ -342,7 +454,13 @@ def _check_parallelism(args: argparse.Namespace) -> None:
             f"use sizes whose product divides {args.world_size}",
         )
     args.data_parallel_size = dp = args.world_size // model_parallel
-    mbs, gbs = args.micro_batch_size, args.global_batch_size
+    if args.use_dynamic_batch_size != (args.max_tokens_per_gpu is not None):
+        if args.use_dynamic_batch_size:
+            raise ConfigError("--use-dynamic-batch-size", "needs --max-tokens-per-gpu N; add it")
+        raise ConfigError("--max-tokens-per-gpu", "has no effect without --use-dynamic-batch-size; add it")
+    # Dynamic micro-batches are cut from each rank's samples by tokens, not by --micro-batch-size.
+    mbs = 1 if args.use_dynamic_batch_size else args.micro_batch_size
+    gbs = args.global_batch_size
     if gbs % (mbs * dp):
         raise ConfigError(
             "--global-batch-size",
@@ -374,9 +492,23 @@ def _check_parallelism(args: argparse.Namespace) -> None:
         raise ConfigError(
             "--num-query-groups", f"{groups} does not divide --num-attention-heads {heads}; use a divisor"
         )
+    if cp > 1 and args.transformer_impl != "transformer_engine":
+        # megatron-core's local DotProductAttention asserts context_parallel_size == 1; only TE's
+        # attention splits the sequence (ring attention), and TE needs a GPU.
+        raise ConfigError(
+            "--context-parallel-size",
+            f"{cp} needs Transformer Engine attention, which the local layers (and so the CPU path) "
+            "lack; add --transformer-impl transformer_engine on GPUs, or use 1",
+        )
     if args.sequence_parallel and tp == 1:
         raise ConfigError(
             "--sequence-parallel", "needs --tensor-model-parallel-size > 1; drop it or raise TP"
+        )
+    if args.sequence_parallel and args.transformer_impl != "transformer_engine":
+        raise ConfigError(
+            "--sequence-parallel",
+            "needs Transformer Engine's norms (megatron-core's local torch norms refuse sequence "
+            "parallelism), which the CPU path lacks; add --transformer-impl transformer_engine on GPUs",
         )
     ep, etp = args.expert_model_parallel_size, args.expert_tensor_parallel_size
     if ep > 1 and args.num_experts is None:
@@ -392,6 +524,8 @@ def _check_parallelism(args: argparse.Namespace) -> None:
             "--expert-model-parallel-size",
             f"{ep} does not divide --num-experts {args.num_experts}; use a divisor",
         )
+    if args.num_experts is not None:
+        _check_moe(args)
     if args.recompute_granularity == "full" and (
         args.recompute_method is None or args.recompute_num_layers is None
     ):
@@ -409,25 +543,62 @@ def _check_parallelism(args: argparse.Namespace) -> None:
         raise ConfigError("--save-interval", "given without --save; add --save DIR")
 
 
+def _check_moe(args: argparse.Namespace) -> None:
+    if args.tensor_model_parallel_size > 1 and not args.sequence_parallel:
+        # megatron-core's MoELayer raises in training mode when attention TP > 1 runs without it.
+        raise ConfigError(
+            "--tensor-model-parallel-size",
+            "> 1 with MoE layers needs --sequence-parallel in megatron-core (Transformer Engine, GPU "
+            "only); add it on GPUs or use --expert-model-parallel-size instead of TP",
+        )
+    freq, layers = args.moe_layer_freq, args.num_layers
+    if isinstance(freq, list) and len(freq) != layers:
+        raise ConfigError(
+            "--moe-layer-freq",
+            f"lists {len(freq)} layers but --num-layers is {layers}; give one 0/1 per layer",
+        )
+    pattern = freq if isinstance(freq, list) else [int(i % freq == 0) for i in range(layers)]
+    if not all(pattern):
+        # HF<->Megatron conversion and the layer spec assume every layer is an MoE layer (Qwen3-MoE,
+        # Qwen2-MoE); dense layers between them have not been built yet.
+        raise ConfigError(
+            "--moe-layer-freq",
+            "dense layers in an MoE model are not implemented yet; use 1 (every layer MoE)",
+        )
+    if args.expert_model_parallel_size > 1 and args.moe_token_dispatcher_type == "allgather":
+        # Megatron's allgather dispatcher gathers equal-sized token buffers over the expert-parallel
+        # ranks, which span data-parallel ranks; their micro-batches differ in length here.
+        raise ConfigError(
+            "--moe-token-dispatcher-type",
+            "allgather needs the same token count on every expert-parallel rank, but micro-batches "
+            "differ in length across data-parallel ranks; use alltoall with --expert-model-parallel-size > 1",
+        )
+    if args.moe_shared_expert_gate and not args.moe_shared_expert_intermediate_size:
+        raise ConfigError(
+            "--moe-shared-expert-gate", "needs --moe-shared-expert-intermediate-size N (the shared expert)"
+        )
+    if args.moe_pad_expert_input_to_capacity and args.moe_expert_capacity_factor is None:
+        raise ConfigError(
+            "--moe-pad-expert-input-to-capacity",
+            "needs --moe-expert-capacity-factor; add it or drop this flag",
+        )
+
+
 # Flags the parser knows (so scripts written for slime parse) whose implementation has not landed:
 # refusing them beats silently training without them. Each entry: (flag, is it set?, what to do).
 _NOT_YET_IMPLEMENTED = (
-    (
-        "--advantage-estimator",
-        lambda a: a.advantage_estimator == "ppo",
-        "ppo needs a critic; use grpo, dr_grpo, gspo, cispo, rloo or reinforce_plus_plus(_baseline)",
-    ),
-    ("--use-rollout-logprobs", lambda a: a.use_rollout_logprobs, "drop it"),
-    (
-        "--kl-coef",
-        # Reward shaping is reinforce_plus_plus's; the reference log-probs come with --use-kl-loss.
-        lambda a: a.kl_coef != 0.0 and not (a.advantage_estimator == "reinforce_plus_plus" and a.use_kl_loss),
-        "only with --advantage-estimator reinforce_plus_plus --use-kl-loss (--kl-loss-coef 0 keeps the "
-        "loss term off); otherwise use --use-kl-loss --kl-loss-coef",
-    ),
     ("--ref-load", lambda a: a.ref_load is not None, "drop it (the reference is --hf-checkpoint)"),
-    ("--colocate", lambda a: a.colocate, "run disaggregated: --rollout-num-gpus N"),
 )
+
+
+def check_overlappable(args: argparse.Namespace) -> None:
+    """train_async.py generates while it trains, so engines and trainer need GPUs of their own."""
+    if args.colocate:
+        raise ConfigError(
+            "--colocate",
+            "train_async.py overlaps generation with training and runs disaggregated only; "
+            "drop --colocate and pass --rollout-num-gpus N, or run train.py",
+        )
 
 
 def check_implemented(args: argparse.Namespace) -> None:
@@ -448,9 +619,61 @@ def _check_algorithm(args: argparse.Namespace) -> None:
         raise ConfigError("--rm-url", "required with --rm-type remote; pass the reward model's URL")
     if args.group_rm and args.custom_rm_path is None:
         raise ConfigError("--group-rm", "needs --custom-rm-path (a function scoring a whole group)")
-    if args.use_tis and args.tis_clip_low >= args.tis_clip:
+    if args.tis_clip_low >= args.tis_clip:  # also the bounds of the logged mismatch clip fraction
         raise ConfigError(
             "--tis-clip-low", f"{args.tis_clip_low} is not below --tis-clip {args.tis_clip}; lower it"
+        )
+    _check_off_policy_corrections(args)
+    if args.advantage_estimator == "ppo":
+        _check_critic(args)
+
+
+def _check_off_policy_corrections(args: argparse.Namespace) -> None:
+    if args.use_mis and args.use_tis:
+        raise ConfigError("--use-mis", "cannot be combined with --use-tis (one IS correction); keep one")
+    if args.mis_upper_bound <= 0:
+        raise ConfigError("--mis-upper-bound", f"must be positive, got {args.mis_upper_bound}; e.g. 2.0")
+    if args.mis_lower_bound is None:
+        args.mis_lower_bound = 1.0 / args.mis_upper_bound
+    if not 0 <= args.mis_lower_bound < args.mis_upper_bound:
+        raise ConfigError(
+            "--mis-lower-bound",
+            f"{args.mis_lower_bound} must be >= 0 and below --mis-upper-bound {args.mis_upper_bound}",
+        )
+    if args.kl_coef and args.custom_advantage_function_path is not None:
+        raise ConfigError(
+            "--kl-coef",
+            "shapes the rewards of the built-in estimators; a custom advantage function ignores it; drop one",
+        )
+
+
+def _check_critic(args: argparse.Namespace) -> None:
+    if args.loss_type != "policy_loss" or args.custom_advantage_function_path is not None:
+        flag = "--loss-type" if args.loss_type != "policy_loss" else "--custom-advantage-function-path"
+        raise ConfigError(
+            flag,
+            "--advantage-estimator ppo trains the policy on the critic's GAE; use --loss-type "
+            "policy_loss without a custom advantage function",
+        )
+    if args.value_clip <= 0:
+        raise ConfigError("--value-clip", f"must be positive, got {args.value_clip}; e.g. 0.2")
+    if args.num_critic_only_steps < 0:
+        raise ConfigError("--num-critic-only-steps", f"must be >= 0, got {args.num_critic_only_steps}")
+    world = args.critic_num_nodes * args.critic_num_gpus_per_node
+    model_parallel = args.tensor_model_parallel_size * args.pipeline_model_parallel_size
+    model_parallel *= args.context_parallel_size
+    if world % model_parallel:
+        raise ConfigError(
+            "--critic-num-gpus-per-node",
+            f"critic GPUs {world} are not divisible by TP × PP × CP = {model_parallel} (the critic has the "
+            "actor's layout); use a multiple of it",
+        )
+    dp = world // model_parallel
+    if not args.use_dynamic_batch_size and args.global_batch_size % (args.micro_batch_size * dp):
+        raise ConfigError(
+            "--critic-num-gpus-per-node",
+            f"the global batch {args.global_batch_size} is not divisible by --micro-batch-size × the "
+            f"critic's data-parallel size = {args.micro_batch_size} × {dp}; change the critic's GPUs",
         )
 
 
@@ -466,34 +689,17 @@ def _check_eval(args: argparse.Namespace) -> None:
             setattr(args, f"eval_{key}", getattr(args, key))
 
 
-def _one_line(error: BaseException) -> str:
-    return f"{type(error).__name__}: {' '.join(str(error).split())}"
-
-
 def _check_plugins(args: argparse.Namespace) -> None:
     # Only paths the user set are imported: the default rollout function is slime's own and
     # importing it would pull in torch here, before anything starts.
     defaults = {"--rollout-function-path": DEFAULT_ROLLOUT_FUNCTION_PATH}
     for flag in PLUGIN_FLAGS:
-        path = getattr(args, flag[2:].replace("-", "_"))
+        dest = flag[2:].replace("-", "_")
+        path = getattr(args, dest)
         if path is None or path == defaults.get(flag):
             continue
-        module_name, _, attr = path.rpartition(".")
-        if not module_name or not attr:
-            raise ConfigError(
-                flag, f"{path!r} is not a dotted path module.attr; use e.g. my_pkg.rewards.score"
-            )
         try:
-            module = importlib.import_module(module_name)
-        except Exception as e:
-            raise ConfigError(
-                flag, f"cannot import module {module_name!r} ({_one_line(e)}); check the path and PYTHONPATH"
-            ) from e
-        try:
-            target = getattr(module, attr)
-        except AttributeError as e:
-            raise ConfigError(flag, f"{_one_line(e)}; check the function name in {path}") from e
-        if not callable(target):
-            raise ConfigError(
-                flag, f"{path} is a {type(target).__name__}, not a callable; point it at a function"
-            )
+            check_plugin(flag, path)
+        except PluginError as e:
+            raise ConfigError(flag, str(e)) from e
+        setattr(args, dest, absolute_path(path))

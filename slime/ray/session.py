@@ -15,13 +15,17 @@ from types import FrameType
 import ray
 
 from slime.ray.cluster import (
+    bundle_order,
     create_placement_group,
     release_placement_group,
     start_ray,
     total_gpus,
     trainer_gpus,
 )
+from slime.ray.critic import critic_args, critic_gpus
 from slime.ray.trainer_group import TrainerGroup
+from slime.utils.http import HttpError, get_json
+from slime.weight_sync.engine_client import post_all
 
 logger = logging.getLogger("slime")
 
@@ -45,6 +49,9 @@ class TrainingSession:
         self.rollout = None
         self.start_rollout_id = 0
         self.weight_version = 0
+        self.engine_urls: list[str] = []
+        self.external_urls: list[str] = []
+        self._released: set[str] = set()  # memory tags this run's engines have released (--colocate)
         self._owns_ray = False
 
     def __enter__(self) -> TrainingSession:
@@ -61,51 +68,118 @@ class TrainingSession:
 
     def _start(self) -> None:
         from slime.ray.rollout_manager import RolloutManager, load_eval_datasets
-        from slime.rollout.data_source import PromptDataSource
+        from slime.rollout.data_source import make_data_source
 
         args = self.args
         # Read (and so check) the data before any process starts: a bad line is a one-line error.
-        data_source = PromptDataSource.from_args(args)
+        data_source = make_data_source(args)
         eval_datasets = load_eval_datasets(args)
         self._owns_ray = not ray.is_initialized() and not args.ray_address
         start_ray(args)
         engines = uses_engines(args)
         num_trainers = trainer_gpus(args)
-        self.pg = create_placement_group(total_gpus(args) if engines else num_trainers)
-        trainer_bundles = list(range(num_trainers))
+        num_critics = critic_gpus(args)
+        self.pg = create_placement_group(total_gpus(args) if engines else num_trainers + num_critics)
+        # Ranks in node and GPU order, so a tensor-parallel group or an engine never straddles nodes.
+        order = bundle_order(self.pg, self.pg.bundle_count)
+        trainer_bundles = order[:num_trainers]
         rollout_bundles = []
         if engines:
             first = 0 if args.colocate else num_trainers
-            rollout_bundles = list(range(first, first + args.rollout_num_gpus))
+            rollout_bundles = order[first : first + args.rollout_num_gpus]
         self.rollout = RolloutManager.options(num_cpus=0).remote(
             args, self.pg, rollout_bundles, data_source=data_source, eval_datasets=eval_datasets
         )
-        self.trainer = TrainerGroup(args, self.pg, trainer_bundles)
+        # PPO's critic takes the last bundles.
+        critic_bundles = order[len(order) - num_critics :]
+        critic = TrainerGroup(critic_args(args), self.pg, critic_bundles) if num_critics else None
+        # --debug-rollout-only: generation alone, no trainer at all.
+        self.trainer = TrainerGroup(args, self.pg, trainer_bundles, critic=critic) if num_trainers else None
         # Engines load their weights while the trainer builds its model.
         engine_urls_ref = self.rollout.start.remote()
-        loaded = self.trainer.init()
+        loaded = self.trainer.init() if self.trainer is not None else None
         engine_urls, _router_url = ray.get(engine_urls_ref)
         if loaded is not None:
             self.start_rollout_id = loaded + 1
             ray.get(self.rollout.load.remote(loaded))
             logger.info("resumed from %s at rollout %d", args.load, self.start_rollout_id)
-        if engines:
-            self.trainer.connect_engines(engine_urls, args.rollout_num_gpus_per_engine)
+        self.engine_urls = list(engine_urls)
+        self.external_urls = [self._register_external(a) for a in args.rollout_external_engine_addrs or []]
+        if engines and self.trainer is not None:
+            urls = self.engine_urls + self.external_urls
+            self.trainer.connect_engines(urls, args.rollout_num_gpus_per_engine)
 
-    def push_weights(self) -> dict[str, float]:
-        """Trainer weights to every engine; the engines' ``weight_version`` becomes the number of pushes.
+    def _register_external(self, addr: str) -> str:
+        """An engine slime did not start: checked through ``/get_server_info``, added to the router.
+
+        It is updated with the others but never stopped; the router forgets it when the run ends.
+        """
+        url = addr if addr.startswith("http") else f"http://{addr}"
+        try:
+            info = get_json(f"{url}/get_server_info", timeout=30)
+        except (OSError, HttpError) as exc:
+            raise RuntimeError(f"--rollout-external-engine-addrs {addr}: no engine answers ({exc})") from None
+        tp_size = int(info.get("tp_size", 1))
+        per_engine = self.args.rollout_num_gpus_per_engine
+        if self.args.update_weight_transport == "distributed" and tp_size != per_engine:
+            raise RuntimeError(
+                f"--rollout-external-engine-addrs {addr}: tp_size {tp_size} differs from "
+                f"--rollout-num-gpus-per-engine {per_engine}; use --update-weight-transport disk"
+            )
+        ray.get(self.rollout.register_engine.remote(url))
+        logger.info("external engine %s (%s) registered", url, info.get("model_path"))
+        return url
+
+    def hand_gpus_to_trainer(self) -> None:
+        """--colocate, after generating: the engines free their GPU memory, the trainer takes it back."""
+        if not self.args.colocate or self.trainer is None or not uses_engines(self.args):
+            return
+        self._engine_memory("/release_memory_occupation", ["weights", "kv_cache"])
+        self.trainer.onload(["weights", "train_state"])
+
+    def push_weights(self, version: int | None = None) -> dict[str, float]:
+        """Trainer weights to every engine; their ``weight_version`` becomes ``version`` (default: the
+        number of pushes), which every generated sample records.
 
         Generation is paused around the update (nothing runs in the synchronous loop, but a request
         must never decode with half-updated weights); the last bucket flushes the engines' caches.
         """
-        if not uses_engines(self.args):
+        if not uses_engines(self.args) or self.trainer is None:
             return {}
-        self.weight_version += 1
+        self.weight_version = self.weight_version + 1 if version is None else version
         ray.get(self.rollout.pause.remote(mode="abort"))
+        self._post_external("/pause_generation", {"mode": "abort"})
         try:
-            return self.trainer.update_weights(str(self.weight_version))
+            if not self.args.colocate:
+                return self.trainer.update_weights(str(self.weight_version))
+            # --colocate: the optimizer state leaves first, the engines take their weights' memory back,
+            # the weights are handed over from the trainer's GPU, then the trainer's copy leaves too.
+            self.trainer.offload(["train_state"])
+            self._engine_memory("/resume_memory_occupation", ["weights"])
+            metrics = self.trainer.update_weights(str(self.weight_version))
+            self.trainer.offload(["weights"])
+            self._engine_memory("/resume_memory_occupation", ["kv_cache"])
+            return metrics
         finally:
             ray.get(self.rollout.resume.remote())
+            self._post_external("/continue_generation", {})
+
+    def _engine_memory(self, path: str, tags: list[str]) -> None:
+        """Releases (or resumes) ``tags`` on this run's engines; resuming only what was released."""
+        if path == "/resume_memory_occupation":
+            tags = [tag for tag in tags if tag in self._released]
+            if not tags:
+                return
+        for reply in post_all(self.engine_urls, path, {"tags": tags}, self.args.update_weights_timeout):
+            reply.result()
+        if path == "/release_memory_occupation":
+            self._released.update(tags)
+        else:
+            self._released.difference_update(tags)
+
+    def _post_external(self, path: str, payload: dict) -> None:
+        for reply in post_all(self.external_urls, path, payload, self.args.update_weights_timeout):
+            reply.result()
 
     def close(self) -> None:
         """Stops everything that was started, in reverse order; safe after a partial start."""

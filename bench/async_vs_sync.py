@@ -11,7 +11,7 @@ the median over rollouts 1.. (rollout 0 has nothing to overlap with). Runs alter
 sync, async..., because the machines this runs on are shared; the speedup is the ratio of the
 medians over all runs of each loop, and each pair's ratio is reported too.
 
-    python bench/async_vs_sync.py                       # 8 prompts x 8 samples, 32 new tokens
+    python bench/async_vs_sync.py                       # 8 prompts x 8 samples, 64 new tokens
     python bench/async_vs_sync.py --repeats 5 --num-rollout 20
 
 Writes bench/results/async_vs_sync.json.
@@ -104,7 +104,7 @@ def main() -> None:
     )
     parser.add_argument("--rollout-batch-size", type=int, default=8)
     parser.add_argument("--n-samples-per-prompt", type=int, default=8)
-    parser.add_argument("--max-response-len", type=int, default=32)
+    parser.add_argument("--max-response-len", type=int, default=64)
     parser.add_argument("--num-steps-per-rollout", type=int, default=4)
     parser.add_argument("--num-rollout", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=3, help="runs of each loop, alternating")

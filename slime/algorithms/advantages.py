@@ -132,15 +132,18 @@ def gae(
     advantage 0 and return ``V_t``.
     """
     values = values.float()
-    advantages = torch.zeros_like(values)
+    value_list, reward_list = values.tolist(), torch.as_tensor(token_rewards).float().tolist()
+    mask_list = torch.as_tensor(loss_mask).tolist()
+    advantage_list = [0.0] * len(value_list)
     next_value, running = 0.0, 0.0
-    for t in range(len(values) - 1, -1, -1):
-        if not loss_mask[t]:
+    for t in range(len(value_list) - 1, -1, -1):  # plain floats: a tensor read per token costs µs
+        if not mask_list[t]:
             continue
-        delta = float(token_rewards[t]) + gamma * next_value - float(values[t])
+        delta = reward_list[t] + gamma * next_value - value_list[t]
         running = delta + gamma * lambd * running
-        advantages[t] = running
-        next_value = float(values[t])
+        advantage_list[t] = running
+        next_value = value_list[t]
+    advantages = torch.tensor(advantage_list, dtype=values.dtype, device=values.device)
     return advantages, advantages + values
 
 

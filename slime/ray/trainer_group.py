@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 from typing import Any
 
 import ray
@@ -19,6 +20,8 @@ from slime.backends.megatron.batching import TrainData, check_token_budget
 from slime.ray.cluster import actor_gpus
 from slime.utils.device import worker_env
 from slime.utils.http import free_port
+
+logger = logging.getLogger(__name__)
 
 
 @ray.remote(num_gpus=1)
@@ -323,7 +326,14 @@ class TrainerGroup:
         for group in groups:  # both worlds build at the same time
             addr, port = ray.get(group.actors[0].rendezvous_address.remote())
             pending.append([actor.init.remote(addr, port) for actor in group.actors])
-        loaded = next(ray.get(refs)[0] for refs in pending)
+        loaded, *critic = (ray.get(refs)[0] for refs in pending)  # every rank's init is awaited
+        if critic and critic[0] is not None and critic[0] != loaded:
+            raise RuntimeError(
+                f"the actor resumed at rollout {loaded} but the critic at {critic[0]}; "
+                "resume both from the same --save directory (--critic-load for the critic's)"
+            )
+        if critic and critic[0] is None and loaded is not None:
+            logger.warning("no critic checkpoint to resume: the critic starts from --hf-checkpoint")
         self.next_rollout = 0 if loaded is None else loaded + 1
         return loaded
 
@@ -377,14 +387,12 @@ class TrainerGroup:
         self._call("connect_engines", engine_urls, ranks_per_engine)
 
     def offload(self, tags: list[str]) -> int:
-        """--colocate: moves ``weights`` and/or ``train_state`` off every rank's GPU (the critic's too);
-        returns the bytes freed in all."""
-        freed = self.critic.offload(tags) if self.critic is not None else 0
-        return freed + sum(self._call("offload", tags))
+        """--colocate: moves ``weights`` and/or ``train_state`` off every rank's GPU; returns the bytes
+        freed. The critic keeps GPUs of its own, so it stays."""
+        return sum(self._call("offload", tags))
 
     def onload(self, tags: list[str]) -> int:
-        restored = self.critic.onload(tags) if self.critic is not None else 0
-        return restored + sum(self._call("onload", tags))
+        return sum(self._call("onload", tags))
 
     def memory_events(self) -> list:
         """Rank 0's offload/onload transitions (``slime.utils.device.MemoryEvent``), oldest first."""

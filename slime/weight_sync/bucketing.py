@@ -7,7 +7,7 @@ flattened per-dtype buffers (SGLang's ``flattened_bucket`` load format).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import torch
 
@@ -51,3 +51,29 @@ def iter_packed_buckets(
         following = next(groups, None)
         yield staging[index % len(staging)].pack(current), following is None
         current, index = following, index + 1
+
+
+def send_pipelined(
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    max_bytes: int,
+    staging: Sequence[StagingBuffer],
+    start: Callable[[FlattenedBucket, str | None], Callable[[], None]],
+    weight_version: str,
+) -> int:
+    """Packs the weights into buckets and ``start``s each (``start`` returns the call that waits for
+    it); the next bucket is packed while the previous one is in flight. The last bucket carries
+    ``weight_version``. The staging buffers are released at the end; returns the bytes sent."""
+    num_bytes = 0
+    in_flight: Callable[[], None] | None = None
+    try:
+        for bucket, is_last in iter_packed_buckets(named_tensors, max_bytes, staging):
+            if in_flight is not None:
+                in_flight()
+            in_flight = start(bucket, weight_version if is_last else None)
+            num_bytes += bucket.nbytes
+        if in_flight is not None:
+            in_flight()
+    finally:
+        for buffer in staging:
+            buffer.release()
+    return num_bytes

@@ -24,7 +24,7 @@ from megatron.core import parallel_state as mpu
 
 from slime.utils.device import distributed_backend
 from slime.utils.http import free_port
-from slime.weight_sync.bucketing import iter_packed_buckets
+from slime.weight_sync.bucketing import send_pipelined
 from slime.weight_sync.engine_client import post_all
 from slime.weight_sync.ipc import FlattenedBucket, StagingBuffer
 from slime.weight_sync.process_group import create_weight_update_group, start_broadcast_from_rank0
@@ -87,21 +87,10 @@ class DistributedWeightUpdater:
             for _ in weights:  # the other tensor-parallel ranks only take part in the gathers
                 pass
             return {}
-        num_bytes = 0
-        in_flight: Callable[[], None] | None = None
-        try:
-            for bucket, is_last in iter_packed_buckets(
-                weights, self.args.update_weight_buffer_size, self._staging
-            ):  # the next bucket is packed while the previous one is on the wire
-                if in_flight is not None:
-                    in_flight()
-                in_flight = self._start_send(bucket, weight_version if is_last else None)
-                num_bytes += bucket.nbytes
-            if in_flight is not None:
-                in_flight()
-        finally:
-            for staging in self._staging:
-                staging.release()
+        # The next bucket is packed while the previous one is on the wire.
+        num_bytes = send_pipelined(
+            weights, self.args.update_weight_buffer_size, self._staging, self._start_send, weight_version
+        )
         return {"update_weights_bytes": float(num_bytes), "update_weights_time": time.perf_counter() - start}
 
     def _start_send(self, bucket: FlattenedBucket, version: str | None) -> Callable[[], None]:

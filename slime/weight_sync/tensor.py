@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch.distributed as dist
 
 from slime.weight_sync import ipc
-from slime.weight_sync.bucketing import iter_packed_buckets
+from slime.weight_sync.bucketing import send_pipelined
 from slime.weight_sync.engine_client import post_all
 
 
@@ -57,21 +57,14 @@ class TensorWeightUpdater:
     def update(self, weight_version: str) -> dict[str, float]:
         """Hands every weight to this rank's engine; ``weight_version`` flips with the last bucket."""
         start = time.perf_counter()
-        num_bytes = 0
-        in_flight: Callable[[], None] | None = None
-        try:
-            for bucket, is_last in iter_packed_buckets(
-                self.trainer.iter_hf_weights(), self.args.update_weight_buffer_size, self._staging
-            ):  # the next bucket is packed while the engine copies the previous one
-                if in_flight is not None:
-                    in_flight()
-                in_flight = self._start_hand_over(bucket, weight_version if is_last else None)
-                num_bytes += bucket.nbytes
-            if in_flight is not None:
-                in_flight()
-        finally:
-            for staging in self._staging:
-                staging.release()
+        # The next bucket is packed while the engine copies the previous one.
+        num_bytes = send_pipelined(
+            self.trainer.iter_hf_weights(),
+            self.args.update_weight_buffer_size,
+            self._staging,
+            self._start_hand_over,
+            weight_version,
+        )
         if dist.get_rank() != self.leader:
             return {}
         return {"update_weights_bytes": float(num_bytes), "update_weights_time": time.perf_counter() - start}

@@ -186,7 +186,7 @@ def main() -> None:
         for _ in iter_packed_buckets(state.items(), bucket_bytes, staging):
             pass
         best["tensor_pack_only"] = min(best["tensor_pack_only"], time.perf_counter() - start)
-    assert get_json(f"{url}/get_weight_version")["weight_version"] == f"t{cli.repeats - 1}"
+    assert get_json(f"{url}/model_info")["weight_version"] == f"t{cli.repeats - 1}"
 
     distributed.disconnect()
     receiver.join(60)

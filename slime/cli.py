@@ -14,6 +14,7 @@ from collections.abc import Callable
 from slime.config import ConfigError, check_implemented, parse_args
 from slime.rollout.data_source import DataError
 from slime.utils.metrics import setup_logging
+from slime.weight_sync.engine_client import EngineCallError
 
 logger = logging.getLogger("slime")
 
@@ -31,6 +32,9 @@ def run_entry_point(train: Callable[[argparse.Namespace], None], *checks: Check)
     except (ConfigError, DataError) as error:  # raised before any process started
         print(error.line(), file=sys.stderr)
         sys.exit(2)
+    except EngineCallError as error:  # the run stopped; the session stopped every process first
+        logger.error("%s; every process of the run was stopped", error)
+        sys.exit(1)
     except KeyboardInterrupt:
         logger.error("interrupted; every process of the run was stopped")
         sys.exit(130)

@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import json
 import sys
+import typing
 from pathlib import Path
 from typing import Annotated, Literal, Optional
 
@@ -128,6 +129,39 @@ def test_where_the_class_builds_its_cli_that_cli_decides_which_flags_exist() -> 
     assert check(["--sglang-config", "c.yaml", "--sglang-enable-ep-moe"], source)
     assert "is set by slime" in error(["--sglang-tp", "2"], source)
     assert "is not a server flag" in error(["--sglang-speculative-config", "{}"], source)
+
+
+def as_msgspec_struct(cls: type) -> type:
+    """``cls`` rebuilt as a ``msgspec.Struct``, the shape of ServerArgs from SGLang 0.5.20 on."""
+    msgspec = pytest.importorskip("msgspec")
+    hints = typing.get_type_hints(cls, include_extras=True)
+    fields = [
+        (f.name, hints[f.name], msgspec.NODEFAULT if f.default is dataclasses.MISSING else f.default)
+        for f in dataclasses.fields(cls)
+        if f.init and f.default_factory is dataclasses.MISSING
+    ]
+    namespace = {"add_cli_args": cls.add_cli_args} if hasattr(cls, "add_cli_args") else None
+    return msgspec.defstruct(cls.__name__, fields, kw_only=True, module=cls.__module__, namespace=namespace)
+
+
+@pytest.mark.parametrize("cls", [ServerArgs, ServerArgsWithCli])
+def test_a_msgspec_struct_server_args_gives_the_flags_of_the_dataclass(cls: type) -> None:
+    struct = as_msgspec_struct(cls)
+    assert not dataclasses.is_dataclass(struct)
+    assert sa.init_fields(struct) == [f.name for f in dataclasses.fields(cls) if f.init]
+    assert sa.derive_server_flags(struct) == sa.derive_server_flags(cls)
+    source = sa.ServerArgsSource(struct, strict=True, origin="SGLang 0.5.23 (stand-in)")
+    assert check(["--sglang-context-length", "4096", "--sglang-enable-metrics"], source)
+    assert "is set by slime" in error(["--sglang-tp-size", "2"], source)
+    assert "is not a server flag" in error(["--sglang-no-such-flag", "1"], source)
+
+
+def test_a_class_that_is_neither_dataclass_nor_struct_is_named() -> None:
+    class Plain:
+        model_path: str = ""
+
+    with pytest.raises(TypeError, match=r"Plain is neither a dataclass nor a msgspec\.Struct"):
+        sa.init_fields(Plain)
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ trainer does (a rank-0 gloo group, a serialized tensor payload, a checkpoint dir
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import shutil
 import signal
@@ -329,10 +330,16 @@ def _start_long(url: str, rid: str, pool: concurrent.futures.Executor) -> concur
         sampling_params={"max_new_tokens": 480, "temperature": 0, "ignore_eos": True},
     )
     deadline = time.monotonic() + 30
-    while requests.get(f"{url}/get_load").json()[0]["num_reqs"] == 0:
+    while num_scheduled(url) == 0:
         assert time.monotonic() < deadline
         time.sleep(0.005)
     return future
+
+
+def num_scheduled(url: str) -> int:
+    """Running + waiting requests of the scheduler, from ``GET /v1/loads`` (SGLang 0.5.19-0.5.23)."""
+    (load,) = requests.get(f"{url}/v1/loads").json()["loads"]
+    return load["num_running_reqs"] + load["num_waiting_reqs"]
 
 
 def _decode_steps(url: str) -> int:
@@ -346,9 +353,11 @@ def test_pause_in_place_stops_decoding_and_abort_returns_partial_output(engine):
         steps = _decode_steps(engine)
         time.sleep(0.3)
         assert _decode_steps(engine) == steps  # no decode step while paused
-        assert (
-            requests.post(f"{engine}/abort_request", json={"rid": "long-in"}).status_code == 200
-        )  # rid prefix
+        # SGLang (one tokenizer worker) acts only on a rid it knows, exactly: a prefix is dropped.
+        assert requests.post(f"{engine}/abort_request", json={"rid": "long-in"}).status_code == 200
+        time.sleep(0.2)
+        assert not future.done()
+        assert requests.post(f"{engine}/abort_request", json={"rid": "long-in-place"}).status_code == 200
         reply = future.result(30)
         requests.post(f"{engine}/continue_generation", json={})
     meta = reply["meta_info"]
@@ -356,16 +365,26 @@ def test_pause_in_place_stops_decoding_and_abort_returns_partial_output(engine):
     assert 0 < meta["completion_tokens"] == len(reply["output_ids"]) < 480
 
 
-def test_pause_abort_mode_aborts_running_and_new_requests_wait_for_continue(engine):
+def test_pause_abort_mode_aborts_running_and_holds_new_requests_out_of_abort_alls_reach(engine):
+    """SGLang 0.5.19-0.5.23 (``tokenizer_manager.generate_request``): a request that arrives while
+    paused waits before the scheduler; ``abort_all`` and a repeated abort of its rid (0.5.20+: only
+    the first is sent on) do not reach it, and it runs in full after ``/continue_generation``."""
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         running = _start_long(engine, "long-abort-mode", pool)
         requests.post(f"{engine}/pause_generation", json={"mode": "abort"})
         assert running.result(30)["meta_info"]["finish_reason"]["type"] == "abort"
-        waiting = pool.submit(generate, engine, text="later", sampling_params={"max_new_tokens": 3})
+        params = {"max_new_tokens": 3, "ignore_eos": True}
+        waiting = pool.submit(generate, engine, rid="held", text="later", sampling_params=params)
         time.sleep(0.3)
-        assert not waiting.done()
+        requests.post(f"{engine}/abort_request", json={"abort_all": True})
+        requests.post(f"{engine}/abort_request", json={"rid": "held"})
+        time.sleep(0.3)
+        assert not waiting.done() and num_scheduled(engine) == 0  # held: not even counted as load
         requests.post(f"{engine}/continue_generation", json={})
-        assert waiting.result(30)["meta_info"]["completion_tokens"] == 3
+        requests.post(f"{engine}/abort_request", json={"rid": "held"})  # already sent once: dropped
+        reply = waiting.result(30)
+    assert reply["meta_info"]["completion_tokens"] == 3
+    assert reply["meta_info"]["finish_reason"] == {"type": "length", "length": 3}
 
 
 def test_pause_retract_then_continue_gives_the_uninterrupted_output(engine):
@@ -373,7 +392,7 @@ def test_pause_retract_then_continue_gives_the_uninterrupted_output(engine):
     reference = generate(engine, text="retract me", sampling_params=params)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         future = pool.submit(generate, engine, text="retract me", sampling_params=params)
-        while requests.get(f"{engine}/get_load").json()[0]["num_reqs"] == 0:
+        while num_scheduled(engine) == 0:
             time.sleep(0.002)
         requests.post(f"{engine}/pause_generation", json={"mode": "retract"})
         requests.post(f"{engine}/continue_generation", json={})
@@ -411,6 +430,18 @@ def _assert_engine_has(url: str, state: dict[str, torch.Tensor]) -> None:
         assert torch.allclose(torch.tensor(_weights(url, name, 3)), state[name][:3], atol=1e-6), name
 
 
+@contextlib.contextmanager
+def weight_session(url: str) -> Iterator[None]:
+    """SGLang >= 0.5.21: distributed and tensor updates run between begin and end."""
+    begun = requests.post(f"{url}/begin_weight_update", json={"selector": "all"})
+    assert begun.json() == {"success": True, "message": "Success"}, begun.text
+    try:
+        yield
+    finally:
+        ended = requests.post(f"{url}/end_weight_update", json={})
+        assert ended.json() == {"success": True, "message": "Success"}, ended.text
+
+
 def test_update_weights_from_distributed(engine, hf, restore_weights):
     model, _ = hf
     port = free_port()
@@ -446,7 +477,7 @@ def test_update_weights_from_distributed(engine, hf, restore_weights):
             "weight_version": version,
             "load_format": load_format,
         }
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        with weight_session(engine), concurrent.futures.ThreadPoolExecutor(1) as pool:
             reply = pool.submit(requests.post, f"{engine}/update_weights_from_distributed", json=body)
             if load_format:  # one uint8 buffer: every tensor's bytes back to back (SGLang's flattened bucket)
                 tensors = [torch.cat([state[n].reshape(-1).view(torch.uint8) for n in names])]
@@ -459,7 +490,7 @@ def test_update_weights_from_distributed(engine, hf, restore_weights):
     state = _random_state(model, 1)
     assert push(state, "v1", None)["success"]
     _assert_engine_has(engine, state)
-    assert requests.get(f"{engine}/get_weight_version").json() == {"weight_version": "v1"}
+    assert requests.get(f"{engine}/model_info").json()["weight_version"] == "v1"
     assert (
         generate(engine, text="a", sampling_params={"max_new_tokens": 1})["meta_info"]["weight_version"]
         == "v1"
@@ -474,7 +505,8 @@ def test_update_weights_from_distributed(engine, hf, restore_weights):
     names = ["model.norm.weight"]
     body = {"names": names, "dtypes": ["float32"], "shapes": [[128]], "group_name": "wug"}
     started = time.monotonic()
-    failed = requests.post(f"{engine}/update_weights_from_distributed", json=body)
+    with weight_session(engine):
+        failed = requests.post(f"{engine}/update_weights_from_distributed", json=body)
     assert failed.status_code == 400 and failed.json()["success"] is False
     assert time.monotonic() - started < DIST_TIMEOUT_S + 10
     destroyed = requests.post(f"{engine}/destroy_weights_update_group", json={"group_name": "wug"}).json()
@@ -530,7 +562,8 @@ def test_weight_group_meets_a_trainer_built_the_sglang_way(engine, restore_weigh
             "shapes": [[128]],
             "group_name": "sglang_wug",
         }
-        assert requests.post(f"{engine}/update_weights_from_distributed", json=body).json()["success"]
+        with weight_session(engine):
+            assert requests.post(f"{engine}/update_weights_from_distributed", json=body).json()["success"]
         assert trainer.stdout.readline().strip() == "sent"
         assert _weights(engine, "model.norm.weight", 5) == [0.0, 1.0, 2.0, 3.0, 4.0]
         destroy = {"group_name": "sglang_wug"}
@@ -548,20 +581,24 @@ def test_update_weights_from_tensor(engine, hf, restore_weights):
     for seed, flattened in ((3, False), (4, True)):
         state = _random_state(model, seed)
         payload = serialize_named_tensors(list(state.items()), flattened=flattened)
-        reply = requests.post(
-            f"{engine}/update_weights_from_tensor",
-            json={
-                "serialized_named_tensors": [payload],
-                "load_format": "flattened_bucket" if flattened else None,
-                "flush_cache": True,
-                "weight_version": f"t{seed}",
-            },
-        ).json()
+        with weight_session(engine):
+            reply = requests.post(
+                f"{engine}/update_weights_from_tensor",
+                json={
+                    "serialized_named_tensors": [payload],
+                    "load_format": "flattened_bucket" if flattened else None,
+                    "flush_cache": True,
+                    "weight_version": f"t{seed}",
+                },
+            ).json()
         assert reply["success"], reply
         _assert_engine_has(engine, state)
-        assert requests.get(f"{engine}/get_weight_version").json()["weight_version"] == f"t{seed}"
+        assert requests.get(f"{engine}/model_info").json()["weight_version"] == f"t{seed}"
     bad = serialize_named_tensors([("no.such.weight", torch.zeros(2))])
-    reply = requests.post(f"{engine}/update_weights_from_tensor", json={"serialized_named_tensors": [bad]})
+    with weight_session(engine):
+        reply = requests.post(
+            f"{engine}/update_weights_from_tensor", json={"serialized_named_tensors": [bad]}
+        )
     assert reply.status_code == 400 and "no.such.weight" in reply.json()["message"]
 
 
@@ -608,6 +645,108 @@ def test_release_and_resume_memory_occupation(engine, model_dir, restore_weights
     reload = requests.post(f"{engine}/update_weights_from_disk", json={"model_path": str(model_dir)}).json()
     assert reload["success"]
     assert generate(engine, text="mem", sampling_params=params)["output_ids"] == before
+
+
+# ---- SGLang releases ------------------------------------------------------------------------------
+
+
+def test_weight_update_sessions_as_sglang_0_5_23(engine):
+    """``srt/managers/scheduler_components/weight_updater.py`` of SGLang 0.5.23 (sessions from 0.5.21):
+    outside a session distributed and tensor updates are refused at once (400), before any receive;
+    a second begin and an end without begin are refused with SGLang's messages."""
+    body = {"names": ["model.norm.weight"], "dtypes": ["float32"], "shapes": [[128]], "group_name": "none"}
+    started = time.monotonic()
+    refused = requests.post(f"{engine}/update_weights_from_distributed", json=body)
+    assert time.monotonic() - started < 2  # no broadcast was waited for
+    assert refused.status_code == 400
+    assert refused.json() == {
+        "success": False,
+        "message": "update_weights_from_distributed must run between begin_weight_update() and "
+        "end_weight_update()",
+    }
+    tensor = requests.post(f"{engine}/update_weights_from_tensor", json={"serialized_named_tensors": ["x"]})
+    assert tensor.status_code == 400 and tensor.json()["message"].startswith(
+        "update_weights_from_tensor must"
+    )
+    assert requests.post(f"{engine}/begin_weight_update", json={}).json()["success"]  # selector "all"
+    again = requests.post(f"{engine}/begin_weight_update", json={"selector": "all"})
+    assert again.status_code == 400 and again.json()["message"] == (
+        "a weight-update session is already open; call end_weight_update() first"
+    )
+    assert requests.post(f"{engine}/end_weight_update", json={}).json()["success"]
+    stray = requests.post(f"{engine}/end_weight_update", json={})
+    assert stray.status_code == 400 and stray.json()["message"] == (
+        "no weight-update session is open; call begin_weight_update() first"
+    )
+    # /get_weight_version is gone (0.5.21): the version is in /model_info; /get_load too (/v1/loads).
+    assert requests.get(f"{engine}/get_weight_version").status_code == 404
+    assert requests.get(f"{engine}/get_load").status_code == 404
+    assert requests.get(f"{engine}/server_info").json()["version"] == "0.5.23"
+
+
+@pytest.fixture(scope="module")
+def oldest_engine(model_dir) -> Iterator[str]:
+    """The torch engine as SGLang 0.5.19, the oldest release slime supports."""
+    proc, url = _start_engine(model_dir, "--sglang-release", "0.5.19", "--max-running-requests", "2")
+    try:
+        yield url
+    finally:
+        _stop(proc)
+
+
+def test_sglang_0_5_19_has_no_sessions_and_still_serves_get_load(oldest_engine, model_dir):
+    """``srt/entrypoints/http_server.py`` of SGLang 0.5.19: no /begin_weight_update (404), tensor
+    updates run without a session, /get_load is a shim over /v1/loads, /get_weight_version is a 404
+    pointing at /model_info."""
+    url = oldest_engine
+    assert requests.post(f"{url}/begin_weight_update", json={}).status_code == 404
+    from slime.utils.engine_api import probe_engine_api
+
+    api = probe_engine_api(url)
+    assert (api.version, api.weight_update_sessions, api.load_path) == ("0.5.19", False, "/v1/loads")
+    state = {"model.norm.weight": torch.full((128,), 0.5)}
+    payload = serialize_named_tensors(list(state.items()))
+    reply = requests.post(
+        f"{url}/update_weights_from_tensor",
+        json={"serialized_named_tensors": [payload], "weight_version": "old-1"},
+    )
+    assert reply.json()["success"], reply.text
+    assert _weights(url, "model.norm.weight", 2) == [0.5, 0.5]
+    assert requests.get(f"{url}/model_info").json()["weight_version"] == "old-1"
+    moved = requests.get(f"{url}/get_weight_version")
+    assert moved.status_code == 404 and "/model_info" in moved.json()["detail"]
+    (load,) = requests.get(f"{url}/get_load").json()
+    assert {"dp_rank", "num_reqs", "num_waiting_reqs", "num_tokens"} <= set(load) and load["num_reqs"] == 0
+    reload = requests.post(f"{url}/update_weights_from_disk", json={"model_path": str(model_dir)}).json()
+    assert reload["success"]
+
+
+def test_sglang_0_5_19_sends_every_abort_of_a_rid_on(oldest_engine):
+    """``tokenizer_manager.abort_request`` of 0.5.19 has no ``abort_sent``: an abort of a held rid is
+    lost, but one sent after ``/continue_generation`` still reaches the request."""
+    url = oldest_engine
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        requests.post(f"{url}/pause_generation", json={"mode": "abort"})
+        params = {"max_new_tokens": 480, "temperature": 0, "ignore_eos": True}
+        held = pool.submit(generate, url, rid="old-held", text="long", sampling_params=params)
+        time.sleep(0.3)
+        requests.post(f"{url}/abort_request", json={"rid": "old-held"})  # lost: not scheduled yet
+        requests.post(f"{url}/continue_generation", json={})
+        deadline = time.monotonic() + 30
+        while num_scheduled(url) == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        requests.post(f"{url}/abort_request", json={"rid": "old-held"})
+        reply = held.result(30)
+    assert reply["meta_info"]["finish_reason"]["type"] == "abort"
+    assert reply["meta_info"]["completion_tokens"] < 480
+
+
+def test_engine_api_probe_sees_the_newest_release(engine):
+    from slime.utils.engine_api import probe_engine_api
+
+    api = probe_engine_api(engine)
+    assert (api.version, api.weight_update_sessions, api.load_path) == ("0.5.23", True, "/v1/loads")
 
 
 # ---- process ----------------------------------------------------------------------------------------

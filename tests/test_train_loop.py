@@ -24,6 +24,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from slime.config import parse_args
 from slime.utils.http import get_json, post_json_sync
+from slime.weight_sync.engine_client import EngineCallError
 
 pytestmark = pytest.mark.e2e
 
@@ -62,10 +63,20 @@ def processes_tagged(tag: str) -> list[str]:
     return found
 
 
-def test_session_pushes_trainer_weights_to_every_engine(ray_cluster, tiny_models, reverse_task):
-    from slime.ray.session import TrainingSession
+def engine_weights_equal(url: str, expected: dict[str, torch.Tensor]) -> None:
+    for name, tensor in expected.items():
+        values = post_json_sync(f"{url}/get_weights_by_name", {"name": name, "truncate_size": tensor.numel()})
+        assert torch.equal(torch.tensor(values).flatten(), tensor.flatten()), (url, name)
 
-    args = parse_args(loop_flags(tiny_models["qwen2"], reverse_task))
+
+@pytest.mark.parametrize("release", ["0.5.19", "0.5.23"])  # without and with weight-update sessions
+def test_session_pushes_trainer_weights_to_every_engine(ray_cluster, tiny_models, reverse_task, release):
+    from slime.ray.session import TrainingSession
+    from slime.utils.engine_api import probe_engine_api
+
+    args = parse_args(
+        loop_flags(tiny_models["qwen2"], reverse_task, "--torch-engine-sglang-release", release)
+    )
     with TrainingSession(args) as session:
         session.push_weights()
         data = ray.get(session.rollout.generate.remote(0))
@@ -78,12 +89,25 @@ def test_session_pushes_trainer_weights_to_every_engine(ray_cluster, tiny_models
         urls = ray.get(session.rollout.engine_urls.remote())
         assert len(urls) == 2
         for url in urls:
-            assert get_json(f"{url}/get_weight_version")["weight_version"] == "2"
-            for name, tensor in expected.items():
-                values = post_json_sync(
-                    f"{url}/get_weights_by_name", {"name": name, "truncate_size": tensor.numel()}
-                )
-                assert torch.equal(torch.tensor(values).flatten(), tensor.flatten()), (url, name)
+            assert probe_engine_api(url).weight_update_sessions == (release == "0.5.23")
+            assert get_json(f"{url}/model_info")["weight_version"] == "2"
+            engine_weights_equal(url, expected)
+
+        # An engine that lost its weight-update group refuses the next bucket at once, while the
+        # other joins the broadcast: the push fails with the engine's own words within seconds
+        # (not after --update-weights-timeout), and the next push opens a new group and succeeds.
+        groups = {"group_name": "slime-pp0"}
+        assert post_json_sync(f"{urls[1]}/destroy_weights_update_group", groups)["success"]
+        started = time.monotonic()
+        with pytest.raises(EngineCallError) as refused:
+            session.push_weights()
+        assert time.monotonic() - started < 10
+        assert f"engine {urls[1]} refused /update_weights_from_distributed" in str(refused.value)
+        assert "group 'slime-pp0' does not exist" in str(refused.value)
+        session.push_weights()
+        for url in urls:
+            assert get_json(f"{url}/model_info")["weight_version"] == "4"
+            engine_weights_equal(url, expected)
         pids = ray.get(session.rollout.pids.remote())
     for pid in [*pids["engines"], pids["router"]]:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

@@ -3,8 +3,9 @@
 SGLang has hundreds of server flags and adds new ones every release, so they are not declared one
 by one. Every leftover ``--sglang-<name> [value ...]`` is collected into ``args.sglang_server_args``
 (``<name>`` in snake_case, values as typed) and then checked against a table of flags derived from
-a ``ServerArgs`` dataclass: SGLang's own when it imports (GPU nodes), so a new upstream flag works
-the day it ships, or the built-in ``FallbackServerArgs`` subset on machines without SGLang, where
+a ``ServerArgs`` class: SGLang's own when it imports (GPU nodes), so a new upstream flag works
+the day it ships (a dataclass up to SGLang 0.5.19, a ``msgspec.Struct`` from 0.5.20 on: both are
+read), or the built-in ``FallbackServerArgs`` subset on machines without SGLang, where
 flags outside the subset are left to the engine backend (the torch engine refuses the ones it does
 not implement when it starts). The fields slime sets for each engine are refused in both cases.
 
@@ -115,7 +116,7 @@ class ServerFlag:
 
 @dataclass(frozen=True)
 class ServerArgsSource:
-    """The dataclass the flags come from; ``strict``: refuse flags it does not have."""
+    """The ServerArgs class the flags come from; ``strict``: refuse flags it does not have."""
 
     cls: type
     strict: bool
@@ -240,7 +241,8 @@ def _check_value(flag: str, spec: ServerFlag, value: Any) -> None:
 
 @functools.cache
 def derive_server_flags(cls: type) -> dict[str, ServerFlag]:
-    """The command-line flags of a ServerArgs-shaped dataclass, keyed by snake_case flag name.
+    """The command-line flags of a ServerArgs-shaped class (dataclass or msgspec Struct), keyed by
+    snake_case flag name.
 
     One flag per init field, named after it, plus the ``cli_name`` / ``aliases`` of SGLang's
     ``Arg`` metadata where fields are ``Annotated`` with it. Types follow SGLang's own mapping:
@@ -253,19 +255,32 @@ def derive_server_flags(cls: type) -> dict[str, ServerFlag]:
     hints = _type_hints(cls)
     cli = _cli_flags(cls)
     flags = dict(cli)
-    for f in dataclasses.fields(cls):
-        if not f.init:
-            continue
-        hint, meta = _unwrap_annotated(hints.get(f.name))
+    for field in init_fields(cls):
+        hint, meta = _unwrap_annotated(hints.get(field))
         if getattr(meta, "no_cli", False):
             continue
-        spec = _flag_spec(f.name, hint, meta)
-        names = [getattr(meta, "cli_name", None) or f.name, *(getattr(meta, "aliases", None) or [])]
+        spec = _flag_spec(field, hint, meta)
+        names = [getattr(meta, "cli_name", None) or field, *(getattr(meta, "aliases", None) or [])]
         for name in names:
             key = name.lstrip("-").replace("-", "_")
             if not cli or key in cli:
                 flags[key] = spec
     return flags
+
+
+def init_fields(cls: type) -> list[str]:
+    """The constructor fields of a ServerArgs class, in declaration order.
+
+    SGLang's ``ServerArgs`` is a dataclass up to 0.5.19 and a ``msgspec.Struct`` from 0.5.20 on
+    (``sglang/srt/server_args.py``); a Struct lists its fields in ``__struct_fields__`` (all of them
+    constructor arguments), a dataclass in ``dataclasses.fields`` (``init=False`` ones are not).
+    """
+    if dataclasses.is_dataclass(cls):
+        return [f.name for f in dataclasses.fields(cls) if f.init]
+    struct_fields = getattr(cls, "__struct_fields__", None)
+    if isinstance(struct_fields, tuple):
+        return list(struct_fields)
+    raise TypeError(f"{cls.__module__}.{cls.__qualname__} is neither a dataclass nor a msgspec.Struct")
 
 
 def _cli_flags(cls: type) -> dict[str, ServerFlag]:

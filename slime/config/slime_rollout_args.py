@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from slime.utils.engine_api import SUPPORTED_SGLANG
+
 DEFAULT_ROLLOUT_FUNCTION_PATH = "slime.rollout.sglang_rollout.generate_rollout"
 
 
@@ -36,6 +38,13 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["sglang", "torch"],
         default=None,
         help="Engine backend (default: sglang when installed, else the in-repo torch engine).",
+    )
+    g.add_argument(
+        "--torch-engine-sglang-release",
+        choices=SUPPORTED_SGLANG,
+        default=SUPPORTED_SGLANG[-1],
+        help="The SGLang release whose HTTP protocol the torch engine mirrors (weight-update sessions "
+        "from 0.5.21, /get_load up to 0.5.20); the oldest checks slime against older servers.",
     )
     g.add_argument(
         "--ray-address", type=str, default=None, help="Ray cluster to join (default: start a local one)."

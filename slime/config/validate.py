@@ -50,6 +50,7 @@ def validate_args(args: argparse.Namespace, explicit: Collection[str] | None = N
     _check_batch(args)
     _check_parallelism(args)
     _check_weight_sync(args)
+    _check_engine_backend(args)
     _check_algorithm(args)
     _check_eval(args)
     _check_plugins(args)
@@ -389,6 +390,24 @@ def _check_weight_sync(args: argparse.Namespace) -> None:
                 "--rollout-external-engine-addrs",
                 "needs at least one engine of this run's own in this version (--rollout-num-gpus >= 1)",
             )
+
+
+def _check_engine_backend(args: argparse.Namespace) -> None:
+    """What the SGLang servers need for the flags slime sets on them, installed before they start."""
+    if args.rollout_num_gpus == 0:
+        return
+    from slime.backends import resolve_backend
+
+    if resolve_backend(args) != "sglang":
+        return
+    from slime.backends.sglang import missing_server_requirements
+
+    for flag, server_flag, module in missing_server_requirements(args):
+        raise ConfigError(
+            flag,
+            f"starts SGLang with {server_flag}, which needs the Python package {module}, not installed "
+            f"here; pip install {module} (the Docker image has it) or drop {flag}",
+        )
 
 
 def _check_batch(args: argparse.Namespace) -> None:

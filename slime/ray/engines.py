@@ -26,6 +26,7 @@ import ray
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from slime.backends import resolve_backend
 from slime.config.sglang_args import server_flags
 from slime.ray.cluster import BundleLocation, actor_gpus, by_node_and_gpu, locate_bundles
 from slime.utils.http import ServerProcess, ServerStartError, free_port, is_ok, post_json_sync
@@ -37,19 +38,6 @@ DEFAULT_START_TIMEOUT_S = 300.0
 
 class EngineStartError(RuntimeError):
     """An engine that did not come up; the message carries the tail of its log."""
-
-
-def resolve_backend(args: argparse.Namespace) -> str:
-    """``--rollout-backend``, or when unset: SGLang if it imports and a GPU is visible, else torch."""
-    if args.rollout_backend is not None:
-        return args.rollout_backend
-    from slime.backends import sglang
-
-    if not sglang.is_available():
-        return "torch"
-    from slime.utils.device import has_gpu
-
-    return "sglang" if has_gpu() else "torch"
 
 
 def torch_engine_command(
@@ -64,6 +52,7 @@ def torch_engine_command(
     argv = [sys.executable, "-m", "slime.backends.torch_engine"]
     argv += ["--model-path", str(Path(args.hf_checkpoint).resolve())]
     argv += ["--host", host, "--port", str(port)]
+    argv += ["--sglang-release", args.torch_engine_sglang_release]
     if num_gpus != 1:
         argv += ["--tp-size", str(num_gpus)]  # refused by the torch engine with a clear line
     passed["random_seed"] = args.rollout_seed + engine_rank

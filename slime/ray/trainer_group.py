@@ -20,6 +20,7 @@ from slime.backends.megatron.batching import TrainData, check_token_budget
 from slime.ray.cluster import actor_gpus
 from slime.utils.device import worker_env
 from slime.utils.http import free_port
+from slime.weight_sync.engine_client import EngineCallError
 
 logger = logging.getLogger(__name__)
 
@@ -399,8 +400,16 @@ class TrainerGroup:
         return self._call("memory_events")[0]
 
     def update_weights(self, weight_version: str) -> dict[str, float]:
-        """Pushes the current weights to every engine; bytes summed over the senders (one per PP stage)."""
-        results = [r for r in self._call("update_weights", weight_version) if r]
+        """Pushes the current weights to every engine; bytes summed over the senders (one per PP stage).
+
+        An engine's refusal is raised as the ``EngineCallError`` itself (one line naming the engine),
+        not wrapped in the Ray task error of the rank that sent."""
+        try:
+            results = [r for r in self._call("update_weights", weight_version) if r]
+        except ray.exceptions.RayTaskError as exc:
+            if isinstance(exc.cause, EngineCallError):
+                raise exc.cause from None
+            raise
         if not results:
             return {}
         return {

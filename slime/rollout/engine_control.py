@@ -4,9 +4,10 @@ Dynamic sampling stops as soon as enough groups are kept, and the requests still
 otherwise keep the engines busy into the weight update. ``abort_all`` sends SGLang's
 ``POST /abort_request {"abort_all": true}`` to every engine the router lists (the router has no abort
 of its own); the aborted requests answer with ``finish_reason`` ``abort`` and what they generated so
-far. ``wait_idle`` then polls ``GET /get_load`` until no engine holds a request, so nothing runs on
-when the rollout returns. Synchronous (control calls, a handful per rollout): async callers use
-``asyncio.to_thread``.
+far. ``wait_idle`` then polls the engines' load until no engine holds a request, so nothing runs on
+when the rollout returns: ``GET /v1/loads`` (running + waiting requests of every DP rank; every
+supported SGLang has it), or ``GET /get_load`` on an engine without it (removed in SGLang 0.5.21).
+Synchronous (control calls, a handful per rollout): async callers use ``asyncio.to_thread``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from slime.rollout.router import list_workers
+from slime.utils.engine_api import engine_api
 from slime.utils.http import get_json, post_json_sync
 
 DEFAULT_IDLE_TIMEOUT_S = 60.0
@@ -37,9 +39,23 @@ def abort_all(urls: list[str]) -> None:
 
 
 def num_requests(url: str) -> int:
-    """Requests an engine holds (running + waiting), from SGLang's ``/get_load`` (one entry per DP rank)."""
-    load = get_json(f"{url}/get_load")
-    entries = load if isinstance(load, list) else [load]
+    """Requests an engine's scheduler holds (running + waiting, summed over its DP ranks)."""
+    path = engine_api(url).load_path
+    if path == "/v1/loads":
+        return requests_in_loads(get_json(f"{url}/v1/loads?include=core"))
+    return requests_in_get_load(get_json(f"{url}{path}"))
+
+
+def requests_in_loads(reply: dict[str, Any]) -> int:
+    """``GET /v1/loads``: ``{"loads": [{"dp_rank", "num_running_reqs", "num_waiting_reqs", ...}]}``
+    (``sglang/srt/entrypoints/v1_loads.py``, ``LoadSnapshot`` in ``managers/load_snapshot.py``)."""
+    return sum(int(load["num_running_reqs"]) + int(load["num_waiting_reqs"]) for load in reply["loads"])
+
+
+def requests_in_get_load(reply: list[dict[str, Any]] | dict[str, Any]) -> int:
+    """``GET /get_load`` (SGLang <= 0.5.20): one ``{"dp_rank", "num_reqs", "num_waiting_reqs",
+    "num_tokens"}`` per DP rank, where ``num_reqs`` counts running and waiting requests."""
+    entries = reply if isinstance(reply, list) else [reply]
     return sum(int(entry["num_reqs"]) for entry in entries)
 
 

@@ -36,6 +36,7 @@ class HttpError(RuntimeError):
     def __init__(self, method: str, url: str, status: int, body: str) -> None:
         super().__init__(f"{method} {url} answered HTTP {status}: {body.strip()[:2000]}")
         self.status = status
+        self.body = body
 
 
 class ServerStartError(RuntimeError):

@@ -8,14 +8,19 @@ buffer per dtype, announced with its names, dtypes and shapes (``/update_weights
 HF name. Two staging buffers alternate, so packing the next bucket overlaps the current broadcast.
 Only the tensor-parallel group that holds that first rank gathers shards; the other replicas
 skip the sync entirely, except under expert parallelism, whose expert gathers span data-parallel
-ranks: there every rank gathers and only the first sends. Every call and collective has a timeout:
-a failed sync raises.
+ranks: there every rank gathers and only the first sends.
+
+On engines that have them (SGLang >= 0.5.21) every push runs inside a weight-update session. A
+push fails fast: while a broadcast is in flight the engines' HTTP replies are watched, so an engine
+that refuses a bucket (its ranks never join the broadcast) stops the push at once with its own
+message, instead of after ``--update-weights-timeout``. The group, which may still hold the
+broadcast, is then dropped on both sides and a new one (a new name) is opened before the next push.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
+import logging
 import time
 from collections.abc import Callable
 
@@ -25,9 +30,24 @@ from megatron.core import parallel_state as mpu
 from slime.utils.device import distributed_backend
 from slime.utils.http import free_port
 from slime.weight_sync.bucketing import send_pipelined
-from slime.weight_sync.engine_client import post_all
+from slime.weight_sync.engine_client import (
+    first_failure,
+    post_all,
+    wait_all,
+    weight_update_session,
+)
 from slime.weight_sync.ipc import FlattenedBucket, StagingBuffer
-from slime.weight_sync.process_group import create_weight_update_group, start_broadcast_from_rank0
+from slime.weight_sync.process_group import (
+    abandon_group,
+    create_weight_update_group,
+    start_broadcast_from_rank0,
+    wait_for_work,
+)
+
+logger = logging.getLogger(__name__)
+
+# Seconds a destroy call may take on an engine while dropping a failed group.
+DESTROY_TIMEOUT_S = 30.0
 
 
 class DistributedWeightUpdater:
@@ -36,8 +56,10 @@ class DistributedWeightUpdater:
         self.trainer = trainer
         self.timeout = float(args.update_weights_timeout)
         self.engine_urls: list[str] = []
+        self.ranks_per_engine = 1
         self.group = None
-        self.group_name = f"slime-pp{mpu.get_pipeline_model_parallel_rank()}"
+        self.groups_opened = 0  # a group dropped after a failed push is replaced under a new name
+        self.group_name = ""
         self._staging = (StagingBuffer(shared=False), StagingBuffer(shared=False))
 
     @property
@@ -53,29 +75,40 @@ class DistributedWeightUpdater:
     def connect(self, engine_urls: list[str], ranks_per_engine: int) -> None:
         """Opens this stage's group with every engine; both sides block until all have joined."""
         self.engine_urls = list(engine_urls)
-        if not self._is_sender:
-            return
+        self.ranks_per_engine = ranks_per_engine
+        if self._is_sender:
+            self._open_group()
+
+    def _open_group(self) -> None:
+        stage = mpu.get_pipeline_model_parallel_rank()
+        self.group_name = f"slime-pp{stage}" + (f"-{self.groups_opened}" if self.groups_opened else "")
+        self.groups_opened += 1
         address = ray.util.get_node_ip_address()
         port = free_port()
-        world_size = 1 + len(engine_urls) * ranks_per_engine
+        world_size = 1 + len(self.engine_urls) * self.ranks_per_engine
         backend = distributed_backend()
         payloads = [
             {
                 "master_address": address,
                 "master_port": port,
-                "rank_offset": 1 + i * ranks_per_engine,
+                "rank_offset": 1 + i * self.ranks_per_engine,
                 "world_size": world_size,
                 "group_name": self.group_name,
                 "backend": backend,
             }
-            for i in range(len(engine_urls))
+            for i in range(len(self.engine_urls))
         ]
-        replies = post_all(engine_urls, "/init_weights_update_group", payloads, self.timeout)
-        self.group = create_weight_update_group(
+        replies = post_all(self.engine_urls, "/init_weights_update_group", payloads, self.timeout)
+        group = create_weight_update_group(
             address, port, 0, world_size, self.group_name, backend, timeout_s=self.timeout
         )
-        for reply in replies:
-            reply.result()
+        try:
+            wait_all(replies)
+        except Exception:
+            abandon_group(group)
+            self._destroy_on_engines()
+            raise
+        self.group = group
 
     def update(self, weight_version: str) -> dict[str, float]:
         """Pushes every weight to every engine; the engines report ``weight_version`` afterwards."""
@@ -87,10 +120,23 @@ class DistributedWeightUpdater:
             for _ in weights:  # the other tensor-parallel ranks only take part in the gathers
                 pass
             return {}
-        # The next bucket is packed while the previous one is on the wire.
-        num_bytes = send_pipelined(
-            weights, self.args.update_weight_buffer_size, self._staging, self._start_send, weight_version
-        )
+        try:
+            if self.group is None:  # the last push failed and dropped it
+                self._open_group()
+            with weight_update_session(self.engine_urls, self.timeout):
+                # The next bucket is packed while the previous one is on the wire.
+                num_bytes = send_pipelined(
+                    weights,
+                    self.args.update_weight_buffer_size,
+                    self._staging,
+                    self._start_send,
+                    weight_version,
+                )
+        except Exception:
+            for _ in weights:  # finish the gathers the other tensor-parallel ranks are in
+                pass
+            self._drop_group()
+            raise
         return {"update_weights_bytes": float(num_bytes), "update_weights_time": time.perf_counter() - start}
 
     def _start_send(self, bucket: FlattenedBucket, version: str | None) -> Callable[[], None]:
@@ -114,16 +160,38 @@ class DistributedWeightUpdater:
         work = start_broadcast_from_rank0(self.group, bucket.flattened_tensor, self.timeout)
 
         def wait() -> None:
-            work.wait(datetime.timedelta(seconds=self.timeout))
-            for reply in replies:
-                reply.result()
+            wait_for_work(work, self.timeout, stop=lambda: first_failure(replies))
+            wait_all(replies)
 
         return wait
 
+    def _drop_group(self) -> None:
+        """After a failed push: the group may hold a broadcast that never ends; replace it next time."""
+        if self.group is None:
+            return
+        abandon_group(self.group)
+        self.group = None
+        self._destroy_on_engines()
+
+    def _destroy_on_engines(self) -> None:
+        """Best effort: an engine that lost the group, or is gone, is reported by the next push."""
+        replies = post_all(
+            self.engine_urls,
+            "/destroy_weights_update_group",
+            {"group_name": self.group_name},
+            DESTROY_TIMEOUT_S,
+        )
+        for url, reply in zip(self.engine_urls, replies, strict=True):
+            try:
+                reply.result()
+            except Exception as exc:
+                logger.warning("engine %s: destroying weight-update group %s: %s", url, self.group_name, exc)
+
     def disconnect(self) -> None:
         if self._is_sender and self.group is not None:
-            for reply in post_all(
-                self.engine_urls, "/destroy_weights_update_group", {"group_name": self.group_name}, 60
-            ):
-                reply.result()
+            wait_all(
+                post_all(
+                    self.engine_urls, "/destroy_weights_update_group", {"group_name": self.group_name}, 60
+                )
+            )
             self.group = None

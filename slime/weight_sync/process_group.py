@@ -15,6 +15,8 @@ peer fails the call instead of hanging it.
 from __future__ import annotations
 
 import datetime
+import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -71,6 +73,48 @@ def start_broadcast_from_rank0(group: dist.ProcessGroup, tensor: torch.Tensor, t
     return group.broadcast([tensor], options)
 
 
-def broadcast_from_rank0(group: dist.ProcessGroup, tensor: torch.Tensor, timeout_s: float) -> None:
-    """Receive (or, on rank 0, send) `tensor` in place; raises if the peer does not show up in time."""
-    start_broadcast_from_rank0(group, tensor, timeout_s).wait(datetime.timedelta(seconds=timeout_s))
+def broadcast_from_rank0(
+    group: dist.ProcessGroup,
+    tensor: torch.Tensor,
+    timeout_s: float,
+    stop: Callable[[], BaseException | None] | None = None,
+) -> None:
+    """Receive (or, on rank 0, send) `tensor` in place; raises if the peer does not show up in time,
+    or what `stop` returns as soon as it returns something (see `wait_for_work`)."""
+    wait_for_work(start_broadcast_from_rank0(group, tensor, timeout_s), timeout_s, stop)
+
+
+# Groups whose collective was given up on. Destroying one blocks until its pending operation times
+# out (gloo joins its worker thread; NCCL waits for the kernel), so they are kept, unused, instead.
+_ABANDONED: list[dist.ProcessGroup] = []
+
+POLL_S = 0.005
+
+
+def wait_for_work(
+    work: dist.Work, timeout_s: float, stop: Callable[[], BaseException | None] | None = None
+) -> None:
+    """Waits for a started collective; raises what ``stop`` returns as soon as it returns something.
+
+    A weight update is a collective plus an HTTP call on every engine. An engine that refuses the
+    call never joins the collective, which would then hang until its timeout: polling ``stop``
+    (which looks at the HTTP replies) turns that refusal into an error within milliseconds.
+    """
+    if stop is None:
+        work.wait(datetime.timedelta(seconds=timeout_s))
+        return
+    deadline = time.monotonic() + timeout_s
+    while not work.is_completed():
+        failure = stop()
+        if failure is not None:
+            raise failure
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"a weight-update collective did not finish within {timeout_s:.0f} s")
+        time.sleep(POLL_S)
+    work.wait(datetime.timedelta(seconds=timeout_s))  # raises the collective's own error, if any
+
+
+def abandon_group(group: dist.ProcessGroup | None) -> None:
+    """Drops a group whose last collective may still be pending, without blocking on it."""
+    if group is not None:
+        _ABANDONED.append(group)

@@ -10,7 +10,10 @@ trainer rank collects its ``k`` handles and posts them as ``/update_weights_from
 (``load_format="flattened_bucket"``, one entry per engine TP rank, as SGLang expects); the engine
 copies from the mapped buffers into its parameters, so the bytes never leave the machine and the
 trainer holds at most two extra buckets. The last call sets ``weight_version`` and flushes the
-engine's cache.
+engine's cache. On engines that have them (SGLang >= 0.5.21) the calls run inside a weight-update
+session, opened and closed by the leader. An engine that refuses a bucket ends the leader's posting,
+while every rank still walks all buckets (the gathers and barriers stay matched); the leader then
+raises the engine's message.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import torch.distributed as dist
 
 from slime.weight_sync import ipc
 from slime.weight_sync.bucketing import send_pipelined
-from slime.weight_sync.engine_client import post_all
+from slime.weight_sync.engine_client import post_all, wait_all, weight_update_session
 
 
 class TensorWeightUpdater:
@@ -34,6 +37,7 @@ class TensorWeightUpdater:
         self.engine_url: str | None = None
         self.engine_group = None  # the k trainer ranks of one multi-GPU engine (gloo, for the handles)
         self.leader = 0  # global rank that posts for this rank's engine
+        self._refusal: Exception | None = None  # the leader's: its engine refused a bucket of this push
         self._staging = (ipc.StagingBuffer(), ipc.StagingBuffer())
 
     def connect(self, engine_urls: list[str], ranks_per_engine: int) -> None:
@@ -57,15 +61,20 @@ class TensorWeightUpdater:
     def update(self, weight_version: str) -> dict[str, float]:
         """Hands every weight to this rank's engine; ``weight_version`` flips with the last bucket."""
         start = time.perf_counter()
-        # The next bucket is packed while the engine copies the previous one.
-        num_bytes = send_pipelined(
-            self.trainer.iter_hf_weights(),
-            self.args.update_weight_buffer_size,
-            self._staging,
-            self._start_hand_over,
-            weight_version,
-        )
-        if dist.get_rank() != self.leader:
+        self._refusal = None
+        leads = dist.get_rank() == self.leader
+        with weight_update_session([self.engine_url] if leads else [], self.timeout):
+            # The next bucket is packed while the engine copies the previous one.
+            num_bytes = send_pipelined(
+                self.trainer.iter_hf_weights(),
+                self.args.update_weight_buffer_size,
+                self._staging,
+                self._start_hand_over,
+                weight_version,
+            )
+            if self._refusal is not None:
+                raise self._refusal
+        if not leads:
             return {}
         return {"update_weights_bytes": float(num_bytes), "update_weights_time": time.perf_counter() - start}
 
@@ -80,7 +89,7 @@ class TensorWeightUpdater:
             dist.gather_object(entries[0], gathered, dst=self.leader, group=self.engine_group)
             entries = gathered
         replies = []
-        if dist.get_rank() == self.leader:
+        if dist.get_rank() == self.leader and self._refusal is None:
             payload = {
                 "serialized_named_tensors": entries,
                 "load_format": "flattened_bucket",
@@ -91,8 +100,10 @@ class TensorWeightUpdater:
             replies = post_all([self.engine_url], "/update_weights_from_tensor", payload, self.timeout)
 
         def wait() -> None:
-            for reply in replies:
-                reply.result()
+            try:
+                wait_all(replies)
+            except Exception as exc:
+                self._refusal = exc  # no more posts; the other ranks still need the barriers
             if self.engine_group is not None:
                 dist.barrier(group=self.engine_group)  # the engine has read every rank's buffer
 

@@ -19,6 +19,22 @@ from pathlib import Path
 
 from slime.config.sglang_args import server_flags
 
+# What the SGLang server needs installed for a server flag slime sets: (slime flag, the server flag
+# it adds, the Python module the server imports for it). SGLang 0.5.19-0.5.23 import
+# torch_memory_saver when --enable-memory-saver is set; without it the engine dies at start.
+SERVER_REQUIREMENTS = (("--colocate", "--enable-memory-saver", "torch_memory_saver"),)
+
+
+def missing_server_requirements(args: argparse.Namespace) -> list[tuple[str, str, str]]:
+    """The ``SERVER_REQUIREMENTS`` this run triggers whose module is not installed here (the engine
+    nodes run the same image as the driver)."""
+    triggered = {"--colocate": bool(getattr(args, "colocate", False))}
+    return [
+        requirement
+        for requirement in SERVER_REQUIREMENTS
+        if triggered[requirement[0]] and importlib.util.find_spec(requirement[2]) is None
+    ]
+
 
 def is_available() -> bool:
     """True when SGLang is installed here (it needs a CUDA build of torch, so: a GPU node)."""

@@ -13,19 +13,20 @@ import concurrent.futures
 import dataclasses
 import logging
 import os
+import threading
 import time
 from typing import Any
 
 import torch
 
-from slime.backends.torch_engine import weights
+from slime.backends.torch_engine import protocol, weights
 from slime.backends.torch_engine.model_runner import ModelRunner
 from slime.backends.torch_engine.protocol import GenerateInput, ProtocolError
 from slime.backends.torch_engine.sampling import RowSampling
 from slime.backends.torch_engine.scheduler import Request, Scheduler
 from slime.backends.torch_engine.server_args import ServerArgs
 from slime.weight_sync import ipc
-from slime.weight_sync.process_group import DEFAULT_TIMEOUT_S, create_weight_update_group
+from slime.weight_sync.process_group import DEFAULT_TIMEOUT_S, abandon_group, create_weight_update_group
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +69,11 @@ class TorchEngine:
         )
         self.scheduler.weight_version = args.weight_version
         self.weights = weights.WeightStore(self.runner.model)
+        self.release = protocol.release(args.sglang_release)
         self.groups: dict[str, Any] = {}
+        # Set by /destroy_weights_update_group: a receive still waiting on that group gives up.
+        self.group_cancelled: dict[str, threading.Event] = {}
+        self.weight_session: str | None = None  # the open session's selector (SGLang >= 0.5.21)
         # Flattened buckets are received into one reused buffer per group: the updates of a group
         # come one at a time (the trainer waits for each answer), each loaded before it is answered.
         self.receive_buffers: dict[str, ipc.StagingBuffer] = {}
@@ -189,7 +194,7 @@ class TorchEngine:
             ignored_server_args=self.args.ignored,
             internal_states=[self.scheduler.internal_state()],
             memory_events=list(self.events),
-            version="torch-engine",
+            version=self.release.version,
             engine="slime.backends.torch_engine",
         )
         return info
@@ -243,6 +248,29 @@ class TorchEngine:
             self.runner.cache.clear()
         return True, f"Succeeded to update model weights ({count} tensors)."
 
+    # ---- weight-update sessions (SGLang >= 0.5.21; run on the scheduler thread) -----------------
+    # Mirrors ``WeightUpdater.begin_weight_update`` / ``end_weight_update`` and the session check of
+    # ``update_weights_from_distributed`` / ``update_weights_from_tensor`` in SGLang 0.5.23's
+    # ``srt/managers/scheduler_components/weight_updater.py`` (same messages).
+
+    def begin_weight_update(self, selector: str) -> tuple[bool, str]:
+        if self.weight_session is not None:
+            return False, "a weight-update session is already open; call end_weight_update() first"
+        self.weight_session = selector
+        return True, "Success"
+
+    def end_weight_update(self) -> tuple[bool, str]:
+        if self.weight_session is None:
+            return False, "no weight-update session is open; call begin_weight_update() first"
+        self.weight_session = None
+        return True, "Success"
+
+    def outside_session(self, operation: str) -> str | None:
+        """The refusal of ``operation`` outside a session, or None when it may run."""
+        if self.release.weight_update_sessions and self.weight_session is None:
+            return f"{operation} must run between begin_weight_update() and end_weight_update()"
+        return None
+
     # ---- weight-update groups (run on the dist executor) ----------------------------------------
 
     def init_group(self, body: dict[str, Any]) -> tuple[bool, str]:
@@ -263,6 +291,7 @@ class TorchEngine:
             logger.error("init_weights_update_group failed: %s", exc)
             return False, f"Failed to initialize custom process group: {exc}."
         self.groups[name] = group
+        self.group_cancelled[name] = threading.Event()
         return True, "Succeeded to initialize custom process group."
 
     def receive(self, body: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
@@ -282,13 +311,30 @@ class TorchEngine:
             flattened=body.get("load_format") == "flattened_bucket",
             timeout_s=DIST_TIMEOUT_S,
             staging=self.receive_buffers.setdefault(name, ipc.StagingBuffer(shared=False)),
+            stop=lambda: self._cancellation(name),
         )
+
+    def _cancellation(self, name: str) -> BaseException | None:
+        cancelled = self.group_cancelled.get(name)
+        if cancelled is not None and cancelled.is_set():
+            return RuntimeError(f"weight-update group {name!r} was destroyed while receiving")
+        return None
+
+    def cancel_group(self, name: str) -> None:
+        """Any thread: makes a receive waiting on group ``name`` give up (its peer will never send)."""
+        cancelled = self.group_cancelled.get(name)
+        if cancelled is not None:
+            cancelled.set()
 
     def destroy_group(self, name: str) -> tuple[bool, str]:
         group = self.groups.pop(name, None)
         self.receive_buffers.pop(name, None)
+        cancelled = self.group_cancelled.pop(name, None)
         if group is None:
             return False, "The group to be destroyed does not exist."
+        if cancelled is not None and cancelled.is_set():
+            abandon_group(group)  # a receive was given up: shutting it down would wait for its timeout
+            return True, "Succeeded to destroy custom process group."
         try:
             group.shutdown()
         except Exception as exc:  # the group is dropped either way
@@ -300,5 +346,6 @@ class TorchEngine:
         self.shutting_down = True
         self.scheduler.stop()
         for name in list(self.groups):
+            self.cancel_group(name)
             self.destroy_group(name)
         self.dist_executor.shutdown(wait=False, cancel_futures=True)

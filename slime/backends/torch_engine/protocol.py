@@ -1,4 +1,7 @@
-"""SGLang's native HTTP protocol as the torch engine speaks it: request parsing and reply shapes.
+"""SGLang's native HTTP protocol as the torch engine speaks it: request parsing, reply shapes, releases.
+
+The engine mirrors one SGLang release at a time (``--sglang-release``, default the newest supported,
+``SglangRelease`` below lists what differs); slime's client is tested against the oldest and the newest.
 
 Facts taken from SGLang 0.5.23 (`sglang/srt/entrypoints/http_server.py`, `managers/io_struct.py`,
 `managers/tokenizer_manager.py`, `managers/detokenizer_manager.py`, `managers/schedule_batch.py`,
@@ -21,15 +24,21 @@ Facts taken from SGLang 0.5.23 (`sglang/srt/entrypoints/http_server.py`, `manage
   rejected), min_p 0, min_new_tokens 0, skip_special_tokens True, no_stop_trim False. Temperature 0
   means greedy. A prompt of >= context_length tokens, or an explicit max_new_tokens that with the prompt
   exceeds context_length, is a 400; an unset max_new_tokens is capped to context_length - prompt - 1.
-- abort_request `{"rid", "abort_all"}` matches rids by prefix; aborted requests answer normally
-  (HTTP 200) with what they produced and the abort finish_reason. pause_generation `{"mode"}`:
-  abort (default) | retract | in_place; while paused new requests wait; continue_generation resumes.
+- abort_request `{"rid", "abort_all"}`: a rid acts only when it names a request the server knows,
+  exactly (then the scheduler matches by prefix); aborted requests answer normally (HTTP 200) with
+  what they produced and the abort finish_reason. pause_generation `{"mode"}`: abort (default) |
+  retract | in_place; while paused new requests wait before the scheduler, out of abort_all's reach
+  (see `server.Admission`); continue_generation resumes.
 - Weight updates answer `{"success", "message"}` (200 or 400). update_weight_version `{"new_version",
   "abort_all_requests": True}` answers `{"success", "message", "new_version"}`; update_weights_from_disk
   adds "num_paused_requests". get_weights_by_name `{"name", "truncate_size": 100}` returns
   `param.float().tolist()[:truncate_size]` (rows for a matrix). weight_version starts at "default".
-- GET /get_weight_version -> {"weight_version"}; GET /get_load -> [{"dp_rank", "num_reqs",
-  "num_waiting_reqs", "num_tokens"}]; /flush_cache (GET or POST) is 200 only with no request in flight.
+- GET /model_info carries "weight_version"; /get_weight_version and /weight_version answer 404 with
+  a pointer to /model_info (0.5.19, removed in 0.5.21). GET /server_info (and the deprecated
+  /get_server_info) carries "version". GET /v1/loads -> {"timestamp", "version", "accelerator",
+  "num_accelerators", "loads": [{"dp_rank", "num_running_reqs", "num_waiting_reqs", ...}]}; the
+  deprecated GET /get_load -> [{"dp_rank", "num_reqs" (running + waiting), "num_waiting_reqs",
+  "num_tokens", ...}] up to 0.5.20. /flush_cache (GET or POST) is 200 only with no request in flight.
 """
 
 from __future__ import annotations
@@ -37,6 +46,44 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
+
+from slime.utils.engine_api import SUPPORTED_SGLANG as SUPPORTED_RELEASES
+
+
+@dataclass(frozen=True)
+class SglangRelease:
+    """What differs between the SGLang releases the engine can mirror (each read from that wheel)."""
+
+    version: str
+
+    @property
+    def _key(self) -> tuple[int, ...]:
+        return tuple(int(part) for part in self.version.split("."))
+
+    @property
+    def weight_update_sessions(self) -> bool:
+        """/begin_weight_update and /end_weight_update exist, and distributed/tensor updates need an
+        open session (``managers/scheduler_components/weight_updater.py``, from 0.5.21)."""
+        return self._key >= (0, 5, 21)
+
+    @property
+    def abort_once(self) -> bool:
+        """Only the first ``abort_request`` of a rid is sent on to the scheduler (``abort_sent`` in
+        ``managers/tokenizer_manager.py``, from 0.5.20)."""
+        return self._key >= (0, 5, 20)
+
+    @property
+    def get_load(self) -> bool:
+        """The deprecated ``GET /get_load`` shim over /v1/loads (``entrypoints/http_server.py``, up to
+        0.5.20)."""
+        return self._key <= (0, 5, 20)
+
+
+def release(version: str) -> SglangRelease:
+    if version not in SUPPORTED_RELEASES:
+        raise ValueError(f"SGLang release {version} is not one of {', '.join(SUPPORTED_RELEASES)}")
+    return SglangRelease(version)
+
 
 # Sampling options SGLang has that this engine does not implement: accepted only at their neutral value.
 _NEUTRAL_OPTIONS: dict[str, Any] = {

@@ -142,15 +142,10 @@ class Scheduler:
         self._thread.join(timeout)
 
     def load(self) -> dict[str, int]:
-        """SGLang's /get_load numbers (read without locking: a snapshot for monitoring only)."""
+        """The numbers of /v1/loads (read without locking: a snapshot for monitoring only)."""
         running, waiting = list(self.running), list(self.waiting)
         tokens = sum(r.kv_len for r in running) + sum(len(r.input_ids) for r in waiting)
-        return {
-            "dp_rank": 0,
-            "num_reqs": len(running) + len(waiting),
-            "num_waiting_reqs": len(waiting),
-            "num_tokens": tokens,
-        }
+        return {"num_running_reqs": len(running), "num_waiting_reqs": len(waiting), "num_tokens": tokens}
 
     def _post(self, kind: str, payload: Any) -> None:
         with self._cond:

@@ -8,6 +8,7 @@ weight-update executor, so the loop stays free to accept requests and aborts at 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -25,6 +26,43 @@ from slime.backends.torch_engine.scheduler import Request
 logger = logging.getLogger(__name__)
 
 ENGINE = web.AppKey("engine", TorchEngine)
+
+
+class Admission:
+    """What SGLang's tokenizer manager does before the scheduler sees a request (0.5.19-0.5.23,
+    ``srt/managers/tokenizer_manager.py``): every request is known by its rid from arrival
+    (``rid_to_state``), and while generation is paused new requests wait *here*, so the scheduler's
+    ``abort_all`` does not reach them: they run after ``/continue_generation``.
+
+    ``abort_request {"rid"}`` only acts on a rid known here, exactly (with one tokenizer worker
+    SGLang drops other rids, prefixes included); from 0.5.20 on only the first abort of a rid is
+    sent on (``abort_sent``), so the abort of a request held by a pause is lost for good.
+    """
+
+    def __init__(self, abort_once: bool) -> None:
+        self.abort_once = abort_once
+        self.open = asyncio.Event()
+        self.open.set()
+        self.abort_sent: dict[str, bool] = {}
+
+    def admit(self, rids: list[str]) -> None:
+        self.abort_sent.update(dict.fromkeys(rids, False))
+
+    def leave(self, rids: list[str]) -> None:
+        for rid in rids:
+            self.abort_sent.pop(rid, None)
+
+    def should_forward_abort(self, rid: str) -> bool:
+        if rid not in self.abort_sent:
+            return False
+        if self.abort_once:
+            if self.abort_sent[rid]:
+                return False
+            self.abort_sent[rid] = True
+        return True
+
+
+ADMISSION = web.AppKey("admission", Admission)
 HEALTH_CHECK_TIMEOUT_S = 20.0
 MAX_BODY_BYTES = 4 << 30  # update_weights_from_tensor carries whole tensors as base64
 
@@ -84,13 +122,19 @@ def _protocol_errors(handler: Handler) -> Handler:
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
-    engine = request.app[ENGINE]
+    engine, admission = request.app[ENGINE], request.app[ADMISSION]
     inputs, batched = protocol.parse_generate(await _body(request))
     reason = engine.unavailable_reason()
     if reason is not None:
         return _error(503, reason)
-    built = [engine.build_request(gen) for gen in inputs]
-    replies = await _run_requests(engine, built)
+    rids = [gen.rid for gen in inputs]
+    admission.admit(rids)
+    try:
+        await admission.open.wait()  # held while paused, before the scheduler (see Admission)
+        built = [engine.build_request(gen) for gen in inputs]
+        replies = await _run_requests(engine, built)
+    finally:
+        admission.leave(rids)
     return web.json_response(replies if batched else replies[0])
 
 
@@ -145,8 +189,13 @@ async def health_generate(request: web.Request) -> web.Response:
 
 
 async def abort_request(request: web.Request) -> web.Response:
+    engine, admission = request.app[ENGINE], request.app[ADMISSION]
     body = await _body(request)
-    request.app[ENGINE].scheduler.abort(str(body.get("rid") or ""), bool(body.get("abort_all", False)))
+    rid = str(body.get("rid") or "")
+    if body.get("abort_all"):
+        engine.scheduler.abort(abort_all=True)
+    elif rid and admission.should_forward_abort(rid):
+        engine.scheduler.abort(rid)  # the scheduler matches by prefix, as SGLang's does
     return web.Response(status=200)
 
 
@@ -155,6 +204,7 @@ async def pause_generation(request: web.Request) -> web.Response:
     mode = (await _body(request)).get("mode") or "abort"
     if mode not in ("abort", "retract", "in_place"):
         raise ProtocolError(f"mode must be one of abort, retract, in_place; got {mode!r}")
+    request.app[ADMISSION].open.clear()
     await _on_scheduler(engine, lambda: engine.scheduler.pause(mode))
     return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
 
@@ -162,6 +212,7 @@ async def pause_generation(request: web.Request) -> web.Response:
 async def continue_generation(request: web.Request) -> web.Response:
     engine = request.app[ENGINE]
     await _on_scheduler(engine, engine.scheduler.resume)
+    request.app[ADMISSION].open.set()
     return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
 
 
@@ -183,11 +234,49 @@ async def get_server_info(request: web.Request) -> web.Response:
 
 
 async def get_load(request: web.Request) -> web.Response:
-    return web.json_response([request.app[ENGINE].scheduler.load()])
+    """The deprecated shim over /v1/loads (SGLang <= 0.5.20)."""
+    load = request.app[ENGINE].scheduler.load()
+    return web.json_response(
+        [
+            {
+                "dp_rank": 0,
+                "num_reqs": load["num_running_reqs"] + load["num_waiting_reqs"],
+                "num_waiting_reqs": load["num_waiting_reqs"],
+                "num_tokens": load["num_tokens"],
+            }
+        ]
+    )
 
 
-async def get_weight_version(request: web.Request) -> web.Response:
-    return web.json_response({"weight_version": request.app[ENGINE].weight_version})
+async def v1_loads(request: web.Request) -> web.Response:
+    """``GET /v1/loads`` (SGLang's ``entrypoints/v1_loads.py``): one load entry per DP rank."""
+    engine = request.app[ENGINE]
+    load = engine.scheduler.load()
+    return web.json_response(
+        {
+            "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "version": engine.release.version,
+            "accelerator": None,
+            "num_accelerators": 1,
+            "loads": [
+                {
+                    "dp_rank": 0,
+                    "num_running_reqs": load["num_running_reqs"],
+                    "num_waiting_reqs": load["num_waiting_reqs"],
+                    "num_used_tokens": load["num_tokens"],
+                    "max_running_requests": engine.max_running_requests,
+                }
+            ],
+        }
+    )
+
+
+async def weight_version_moved(request: web.Request) -> web.Response:
+    """SGLang 0.5.19-0.5.20 answer 404 here (the routes are gone from 0.5.21): /model_info has it."""
+    detail = (
+        "Endpoint '/get_weight_version' or '/weight_version' is deprecated. Please use '/model_info' instead."
+    )
+    return web.json_response({"detail": detail}, status=404)
 
 
 async def update_weight_version(request: web.Request) -> web.Response:
@@ -216,6 +305,21 @@ async def get_weights_by_name(request: web.Request) -> web.Response:
 # ---- weight updates -----------------------------------------------------------------------------
 
 
+async def begin_weight_update(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE]
+    selector = (await _body(request)).get("selector", "all")
+    if selector not in ("target", "draft", "all"):
+        return _result(False, f"invalid selector {selector!r}; expected 'target', 'draft', or 'all'")
+    ok, message = await _on_scheduler(engine, lambda: engine.begin_weight_update(selector))
+    return _result(ok, message)
+
+
+async def end_weight_update(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE]
+    ok, message = await _on_scheduler(engine, engine.end_weight_update)
+    return _result(ok, message)
+
+
 async def init_weights_update_group(request: web.Request) -> web.Response:
     engine = request.app[ENGINE]
     body = await _body(request)
@@ -231,6 +335,7 @@ async def init_weights_update_group(request: web.Request) -> web.Response:
 async def destroy_weights_update_group(request: web.Request) -> web.Response:
     engine = request.app[ENGINE]
     name = (await _body(request)).get("group_name") or "weight_update_group"
+    engine.cancel_group(name)  # a receive stuck on it (its sender gave up) must not hold the executor
     ok, message = await asyncio.get_running_loop().run_in_executor(
         engine.dist_executor, engine.destroy_group, name
     )
@@ -245,6 +350,9 @@ async def _apply(engine: TorchEngine, body: dict[str, Any], tensors: list) -> tu
 async def update_weights_from_distributed(request: web.Request) -> web.Response:
     engine = request.app[ENGINE]
     body = await _body(request)
+    refusal = engine.outside_session("update_weights_from_distributed")
+    if refusal is not None:  # answered before any receive: the sender's broadcast finds no peer
+        return _result(False, refusal)
     try:
         if body.get("abort_all_requests"):
             await _on_scheduler(engine, engine.scheduler.abort_all)
@@ -261,6 +369,9 @@ async def update_weights_from_distributed(request: web.Request) -> web.Response:
 async def update_weights_from_tensor(request: web.Request) -> web.Response:
     engine = request.app[ENGINE]
     body = await _body(request)
+    refusal = engine.outside_session("update_weights_from_tensor")
+    if refusal is not None:
+        return _result(False, refusal)
     entries = body.get("serialized_named_tensors")
     if not isinstance(entries, list) or not entries:
         return _result(False, "serialized_named_tensors must be a non-empty list (one entry per TP rank)")
@@ -324,8 +435,7 @@ ROUTES: list[tuple[tuple[str, ...], str, Handler]] = [
     (("GET",), "/model_info", get_model_info),
     (("GET",), "/get_server_info", get_server_info),
     (("GET",), "/server_info", get_server_info),
-    (("GET",), "/get_load", get_load),
-    (("GET",), "/get_weight_version", get_weight_version),
+    (("GET",), "/v1/loads", v1_loads),
     (("POST", "PUT"), "/generate", generate),
     (("POST",), "/abort_request", abort_request),
     (("POST",), "/pause_generation", pause_generation),
@@ -343,10 +453,22 @@ ROUTES: list[tuple[tuple[str, ...], str, Handler]] = [
 ]
 
 
+# Routes only some releases serve (SGLang's http_server.py of each): predicate on the release.
+RELEASE_ROUTES: list[tuple[tuple[str, ...], str, Handler, Callable[[protocol.SglangRelease], bool]]] = [
+    (("GET",), "/get_load", get_load, lambda r: r.get_load),
+    (("GET",), "/get_weight_version", weight_version_moved, lambda r: not r.weight_update_sessions),
+    (("GET",), "/weight_version", weight_version_moved, lambda r: not r.weight_update_sessions),
+    (("POST",), "/begin_weight_update", begin_weight_update, lambda r: r.weight_update_sessions),
+    (("POST",), "/end_weight_update", end_weight_update, lambda r: r.weight_update_sessions),
+]
+
+
 def create_app(engine: TorchEngine) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[ENGINE] = engine
-    for methods, path, handler in ROUTES:
+    app[ADMISSION] = Admission(abort_once=engine.release.abort_once)
+    routes = ROUTES + [route[:3] for route in RELEASE_ROUTES if route[3](engine.release)]
+    for methods, path, handler in routes:
         for method in methods:
             app.router.add_route(method, path, _protocol_errors(handler))
 

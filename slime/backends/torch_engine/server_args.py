@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
+from slime.backends.torch_engine.protocol import SUPPORTED_RELEASES
+
 PROG = "python -m slime.backends.torch_engine"
 
 # SGLang flag (snake_case) -> why it has no effect here.
@@ -67,6 +69,7 @@ class ServerArgs:
     trust_remote_code: bool = False
     served_model_name: str | None = None
     weight_version: str = "default"
+    sglang_release: str = SUPPORTED_RELEASES[-1]
     ignored: dict[str, Any] = field(default_factory=dict)
 
 
@@ -98,6 +101,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--trust-remote-code", action="store_true")
     parser.add_argument("--served-model-name", default=None)
     parser.add_argument("--weight-version", default="default")
+    parser.add_argument(
+        "--sglang-release",
+        choices=SUPPORTED_RELEASES,
+        default=SUPPORTED_RELEASES[-1],
+        help="the SGLang release whose HTTP protocol to mirror (weight-update sessions, load endpoints)",
+    )
     for name in NO_EFFECT:
         parser.add_argument(
             "--" + name.replace("_", "-"), nargs="?", const=True, default=None, help=argparse.SUPPRESS

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import pickle
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,13 +38,15 @@ def receive_tensors(
     flattened: bool,
     timeout_s: float,
     staging: ipc.StagingBuffer | None = None,
+    stop: Callable[[], BaseException | None] | None = None,
 ) -> list[tuple[str, torch.Tensor]]:
     """Receive the tensors of one update_weights_from_distributed call, in the order rank 0 sends them.
 
     One broadcast per tensor, or with `flattened` (load_format "flattened_bucket") one uint8 broadcast
     holding every tensor's bytes back to back in the given order, as SGLang's FlattenedTensorBucket.
     A flattened bucket lands in `staging` when given (warm pages, reused by the next call: the
-    tensors must be loaded before it), else in a fresh buffer.
+    tensors must be loaded before it), else in a fresh buffer. `stop` ends a wait early (see
+    `slime.weight_sync.process_group.wait_for_work`).
     """
     if not (len(names) == len(dtypes) == len(shapes)):
         raise ValueError("names, dtypes and shapes must have the same length")
@@ -53,7 +55,7 @@ def receive_tensors(
         tensors = []
         for name, dtype, shape in zip(names, torch_dtypes, shapes, strict=True):
             tensor = torch.empty(shape, dtype=dtype, device=device)
-            broadcast_from_rank0(group, tensor, timeout_s)
+            broadcast_from_rank0(group, tensor, timeout_s, stop)
             tensors.append((name, tensor))
         return tensors
     sizes = [torch.Size(s).numel() * d.itemsize for s, d in zip(shapes, torch_dtypes, strict=True)]
@@ -63,7 +65,7 @@ def receive_tensors(
         if staging is not None
         else torch.empty(total, dtype=torch.uint8, device=device)
     )
-    broadcast_from_rank0(group, buffer, timeout_s)
+    broadcast_from_rank0(group, buffer, timeout_s, stop)
     tensors, offset = [], 0
     for name, dtype, shape, size in zip(names, torch_dtypes, shapes, sizes, strict=True):
         tensors.append((name, buffer[offset : offset + size].view(dtype).reshape(shape)))

@@ -15,20 +15,23 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import ray
 from conftest import running_rollout_manager
+from tqdm import tqdm
 
 from examples.multi_turn_tool.calculator import tool_reply
 from slime.config import parse_args
 from slime.rollout import engine_control
 from slime.rollout.data_source import PromptDataSource
 from slime.rollout.filters import FilterResult
-from slime.rollout.generate_utils import cached_tokenizer
+from slime.rollout.generate_utils import cached_tokenizer, rollout_context
 from slime.rollout.sample import Sample
-from slime.rollout.sglang_rollout import sample_rollout
+from slime.rollout.sglang_rollout import RolloutClient, sample_rollout, sampling_params
 from slime.utils.http import get_json, post_json_sync
 
 pytestmark = pytest.mark.e2e
@@ -68,6 +71,16 @@ def rollout(ray_cluster, tiny_models, tmp_path_factory):
     """A manager running the multi-turn example on two engines; the other tests reuse its router."""
     args = make_args(tiny_models["qwen2"], "--rollout-batch-size", "2", *MULTI_TURN)
     with running_rollout_manager(args, tmp_path_factory.mktemp("logs")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def oldest_rollout(ray_cluster, tiny_models, tmp_path_factory):
+    """Two engines behind a router that speak SGLang 0.5.19's protocol (no sessions, /get_load)."""
+    args = control_args(
+        tiny_models["qwen2"], None, "--rollout-batch-size", "2", "--torch-engine-sglang-release", "0.5.19"
+    )
+    with running_rollout_manager(args, tmp_path_factory.mktemp("logs_0519")) as running:
         yield running
 
 
@@ -125,7 +138,7 @@ def aborted_requests(url: str) -> int:
     return get_json(f"{url}/get_server_info")["internal_states"][0]["aborted_requests"]
 
 
-def control_args(model: Path, router_url: str, *extra: str):
+def control_args(model: Path, router_url: str | None, *extra: str):
     return make_args(
         model,
         "--prompt-data", str(PROMPTS), "--input-key", "prompt", "--label-key", "label", "--rm-type", "exact",
@@ -135,8 +148,11 @@ def control_args(model: Path, router_url: str, *extra: str):
     )  # fmt: skip
 
 
-def test_dynamic_sampling_stops_at_the_target_and_leaves_no_request_on_any_engine(rollout, tiny_models):
-    _, urls, router_url = rollout
+@pytest.mark.parametrize("engines", ["oldest_rollout", "rollout"])  # SGLang 0.5.19 and 0.5.23
+def test_dynamic_sampling_stops_at_the_target_and_leaves_no_request_on_any_engine(
+    engines, tiny_models, request
+):
+    _, urls, router_url = request.getfixturevalue(engines)
     args = control_args(
         tiny_models["qwen2"], router_url,
         "--rollout-batch-size", "1", "--over-sampling-batch-size", "8",
@@ -157,6 +173,45 @@ def test_dynamic_sampling_stops_at_the_target_and_leaves_no_request_on_any_engin
     for sample in (s for g in source.buffer for s in g):
         assert sample.status is Sample.Status.PENDING and sample.response_length == 0
         assert sample.loss_mask is None and sample.weight_versions == [] and sample.tokens  # prompt ids kept
+
+
+def test_abort_waits_for_requests_a_paused_engine_held_and_leaves_none_running(rollout, tiny_models):
+    """SGLang holds a request that reaches a paused engine before its scheduler: ``abort_all`` does not
+    reach it and ``/v1/loads`` does not count it. The rollout's abort returns only once every one of
+    its requests (by rid) came back, and no engine holds any request afterwards."""
+    _, urls, router_url = rollout
+    args = control_args(tiny_models["qwen2"], router_url, "--rollout-batch-size", "2")
+    groups = PromptDataSource.from_args(args).get_samples(2)
+    total = sum(len(group) for group in groups)
+
+    async def scenario() -> tuple[RolloutClient, list]:
+        client = RolloutClient(args, router_url)
+        try:
+            with rollout_context(client.context), tqdm(disable=True) as bar:
+                for url in urls:
+                    await asyncio.to_thread(post_json_sync, f"{url}/pause_generation", {"mode": "abort"})
+                params = sampling_params(args)
+                tasks = {asyncio.ensure_future(client.generate_group(g, params, bar)) for g in groups}
+                while len(client.context.in_flight) < total:
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(0.3)
+                held = [engine_control.num_requests(url) for url in urls]
+                resume = threading.Timer(
+                    1.0, lambda: [post_json_sync(f"{url}/continue_generation", {}) for url in urls]
+                )
+                resume.start()
+                returned = await client.abort(tasks)
+                resume.join()
+                return client, held, returned
+        finally:
+            await client.close()
+
+    client, held, returned = asyncio.run(scenario())
+    assert held == [0, 0]  # the engines' load does not see requests held by the pause
+    assert len(returned) == 2 and not client.context.in_flight
+    assert sum(len(group) for group in returned) == total
+    time.sleep(1.0)  # nothing resurfaces: no request of the rollout is left to run
+    assert [engine_control.num_requests(url) for url in urls] == [0, 0]
 
 
 def test_a_filter_that_keeps_nothing_stops_the_rollout_instead_of_drawing_forever(rollout, tiny_models):

@@ -236,6 +236,31 @@ def test_stop_token_ids_stop_strings_and_trimming(engine, hf):
     assert by_str_kept["text"] == full_text[: cut + len(stop_str)]
 
 
+def test_finish_reason_precedence_at_the_last_token_as_sglang(engine, hf):
+    """``Req.update_finish_state`` in ``srt/managers/schedule_batch.py``, the same in 0.5.19-0.5.23:
+    stop string, then stop token / EOS, then length. The token that fills ``max_new_tokens`` and
+    also matches a stop token, or completes a stop string, ends the request as ``stop``."""
+    _, tokenizer = hf
+    ids = tokenizer("q: ")["input_ids"]
+    base = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+    free = generate(engine, input_ids=ids, sampling_params=base)["output_ids"]
+    n = next(i for i in range(1, 9) if free[i - 1] not in free[: i - 1])  # first occurrence at index n-1
+    last = free[n - 1]
+    at_limit = {**base, "max_new_tokens": n, "ignore_eos": False, "stop_token_ids": [last]}
+    by_token = generate(engine, input_ids=ids, sampling_params=at_limit)
+    assert by_token["meta_info"]["finish_reason"] == {"type": "stop", "matched": last}
+    assert by_token["output_ids"] == free[:n]
+    text = tokenizer.decode(free[:n])
+    tail = text[-1:]
+    if tail not in text[:-1]:  # the string completes only with the last token
+        by_str = generate(
+            engine, input_ids=ids, sampling_params={**base, "max_new_tokens": n, "stop": [tail]}
+        )
+        assert by_str["meta_info"]["finish_reason"] == {"type": "stop", "matched": tail}
+    plain = generate(engine, input_ids=ids, sampling_params={**base, "max_new_tokens": n})
+    assert plain["meta_info"]["finish_reason"] == {"type": "length", "length": n}
+
+
 def test_min_new_tokens_suppresses_stop_tokens(engine, hf):
     _, tokenizer = hf
     ids = tokenizer("q: ")["input_ids"]
@@ -399,6 +424,39 @@ def test_pause_retract_then_continue_gives_the_uninterrupted_output(engine):
         reply = future.result(30)
     assert reply["output_ids"] == reference["output_ids"]
     assert reply["meta_info"]["num_retractions"] in (0, 1)  # 0 only if it finished before the pause
+
+
+def test_abort_of_a_queued_request_answers_as_sglangs_tokenizer_manager(engine):
+    """SGLang 0.5.19-0.5.23, ``TokenizerManager._handle_abort_req``: a request taken from the
+    waiting queue is answered with ``{"type": "abort", "message": "Abort in waiting queue"}``, no
+    ``prompt_tokens``, empty log-prob lists and ``completion_tokens`` = 0; running ones keep what
+    they produced and FINISH_ABORT's four-key form."""
+    params = {"max_new_tokens": 480, "temperature": 0, "ignore_eos": True}
+    with concurrent.futures.ThreadPoolExecutor(MAX_RUNNING + 1) as pool:
+        running = [_start_long(engine, f"busy-{i}", pool) for i in range(MAX_RUNNING)]
+        deadline = time.monotonic() + 30
+        while requests.get(f"{engine}/v1/loads").json()["loads"][0]["num_running_reqs"] < MAX_RUNNING:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        queued = pool.submit(
+            generate, engine, rid="queued", text="wait", sampling_params=params, return_logprob=True
+        )
+        deadline = time.monotonic() + 30
+        while requests.get(f"{engine}/v1/loads").json()["loads"][0]["num_waiting_reqs"] == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        requests.post(f"{engine}/abort_request", json={"abort_all": True})
+        reply = queued.result(30)
+        others = [future.result(30) for future in running]
+    meta = reply["meta_info"]
+    assert meta["finish_reason"] == {"type": "abort", "message": "Abort in waiting queue"}
+    assert reply["output_ids"] == [] and meta["completion_tokens"] == 0
+    assert meta["output_token_logprobs"] == [] and "prompt_tokens" not in meta
+    assert {"id", "weight_version", "e2e_latency"} <= set(meta)
+    for other in others:
+        reason = other["meta_info"]["finish_reason"]
+        assert reason == {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
+        assert other["meta_info"]["completion_tokens"] == len(other["output_ids"])
 
 
 def test_abort_all_and_flush_cache(engine):
@@ -674,6 +732,8 @@ def test_weight_update_sessions_as_sglang_0_5_23(engine):
         "a weight-update session is already open; call end_weight_update() first"
     )
     assert requests.post(f"{engine}/end_weight_update", json={}).json()["success"]
+    bad = requests.post(f"{engine}/begin_weight_update", json={"selector": "both"})
+    assert bad.status_code == 400 and bad.json()["object"] == "error"
     stray = requests.post(f"{engine}/end_weight_update", json={})
     assert stray.status_code == 400 and stray.json()["message"] == (
         "no weight-update session is open; call begin_weight_update() first"
@@ -714,7 +774,7 @@ def test_sglang_0_5_19_has_no_sessions_and_still_serves_get_load(oldest_engine, 
     assert _weights(url, "model.norm.weight", 2) == [0.5, 0.5]
     assert requests.get(f"{url}/model_info").json()["weight_version"] == "old-1"
     moved = requests.get(f"{url}/get_weight_version")
-    assert moved.status_code == 404 and "/model_info" in moved.json()["detail"]
+    assert moved.status_code == 404 and "/model_info" in moved.json()["message"]
     (load,) = requests.get(f"{url}/get_load").json()
     assert {"dp_rank", "num_reqs", "num_waiting_reqs", "num_tokens"} <= set(load) and load["num_reqs"] == 0
     reload = requests.post(f"{url}/update_weights_from_disk", json={"model_path": str(model_dir)}).json()

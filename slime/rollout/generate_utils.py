@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import contextvars
 import functools
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,10 +63,24 @@ class Turn:
 
 @dataclass
 class RolloutContext:
-    """What every generate call of one rollout shares: the HTTP session and the abort signal."""
+    """What every generate call of one rollout shares: the HTTP session, the abort signal, and the
+    rids of its requests still in flight.
+
+    Every request carries a rid of its own (``<prefix>-<n>``), so the rollout knows which of its
+    requests an engine still holds. That matters because SGLang's ``abort_all`` does not reach a
+    request that arrived while the engine was paused (it waits before the scheduler and runs after
+    ``/continue_generation``): the rollout only counts itself done once every rid has come back.
+    """
 
     session: aiohttp.ClientSession
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
+    in_flight: set[str] = field(default_factory=set)
+    prefix: str = field(default_factory=lambda: f"slime-{uuid.uuid4().hex[:12]}")
+    _sent: int = 0
+
+    def new_rid(self) -> str:
+        self._sent += 1
+        return f"{self.prefix}-{self._sent}"
 
 
 _CONTEXT: contextvars.ContextVar[RolloutContext | None] = contextvars.ContextVar(
@@ -170,7 +185,12 @@ async def generate_turn(
     payload = {"input_ids": list(input_ids), "sampling_params": sampling_params, "return_logprob": True}
     url = f"{router_url(args)}/generate"
     if context is not None:
-        return parse_reply(await post_json(context.session, url, payload), index)
+        rid = payload["rid"] = context.new_rid()
+        context.in_flight.add(rid)
+        try:
+            return parse_reply(await post_json(context.session, url, payload), index)
+        finally:
+            context.in_flight.discard(rid)
     async with aiohttp.ClientSession() as session:  # outside a rollout, e.g. a quick script
         return parse_reply(await post_json(session, url, payload), index)
 

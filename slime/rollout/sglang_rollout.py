@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import collections
 import copy
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -61,6 +62,9 @@ GenerateFn = Callable[[argparse.Namespace, Sample, dict[str, Any]], Awaitable[Sa
 FilterFn = Callable[[argparse.Namespace, list[Sample]], FilterResult | bool]
 
 ABORT_RETRY_S = 0.5  # a request still in the router when the abort went out reaches an engine later
+ABORT_REPORT_S = 30.0  # how often a long abort says which requests it still waits for
+
+logger = logging.getLogger(__name__)
 
 
 def sampling_params(args: argparse.Namespace, evaluation: bool = False) -> dict[str, Any]:
@@ -156,14 +160,38 @@ class RolloutClient:
         return done
 
     async def abort(self, pending: set[asyncio.Task]) -> list[list[Sample]]:
-        """Aborts every engine's requests until ``pending`` has drained, then waits for idle engines."""
+        """Aborts this rollout's requests on every engine until each has come back, then waits for
+        idle engines.
+
+        ``abort_all`` is sent again every ``ABORT_RETRY_S`` until every task (and so every rid of
+        ``context.in_flight``) has returned, rather than once, and never by rid: a request that reached
+        an engine while it was paused waits before the scheduler, out of ``abort_all``'s reach, and
+        SGLang (0.5.20+) forwards only the first abort of a rid, so an abort by rid sent while it
+        waits is lost for good. The repeated ``abort_all`` ends it once it is scheduled. The load the
+        engines report does not count such waiting requests, which is why the rids decide.
+        """
         self.context.aborted.set()
         urls = await asyncio.to_thread(engine_control.engine_urls, self.router_url)
         groups = []
+        started = time.monotonic()
+        next_report = started + ABORT_REPORT_S
         while pending:
             await asyncio.to_thread(engine_control.abort_all, urls)
             done, pending = await asyncio.wait(pending, timeout=ABORT_RETRY_S)
             groups += [task.result() for task in done]
+            if pending and time.monotonic() >= next_report:
+                next_report += ABORT_REPORT_S
+                logger.warning(
+                    "%d requests of this rollout still on the engines %.0f s after the abort (paused "
+                    "engines hold new requests until /continue_generation): %s",
+                    len(self.context.in_flight),
+                    time.monotonic() - started,
+                    sorted(self.context.in_flight)[:8],
+                )
+        if self.context.in_flight:  # every task has returned, so their requests must have too
+            raise RuntimeError(
+                f"requests {sorted(self.context.in_flight)} are unaccounted for after the abort"
+            )
         await asyncio.to_thread(engine_control.wait_idle, urls)
         return groups
 

@@ -16,7 +16,9 @@ Facts taken from SGLang 0.5.23 (`sglang/srt/entrypoints/http_server.py`, `manage
   "output_token_logprobs_length". A bad request is HTTP 400 `{"error": {"message": ...}}`.
 - finish_reason: `{"type": "stop", "matched": <token id int | stop string>}`,
   `{"type": "length", "length": max_new_tokens}`,
-  `{"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}`; None while running.
+  `{"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}` (a running request),
+  `{"type": "abort", "message": "Abort in waiting queue"}` (one taken from the waiting queue, whose
+  meta_info is shorter: see `Scheduler._reply`); None while running.
   Precedence per token: stop string, then stop token / EOS, then length. `ignore_eos` disables stop
   tokens as well as EOS. `output_ids` keep the matched stop token; `text` drops it (a matched string is
   cut at its first occurrence) unless `no_stop_trim`.
@@ -281,3 +283,8 @@ def finish_length(length: int) -> dict[str, Any]:
 
 def finish_abort(message: str = "Aborted") -> dict[str, Any]:
     return {"type": "abort", "message": message, "status_code": None, "err_type": None}
+
+
+def finish_abort_queued(message: str) -> dict[str, Any]:
+    """An abort from the waiting queue: the tokenizer manager's two-key form (no status_code)."""
+    return {"type": "abort", "message": message}

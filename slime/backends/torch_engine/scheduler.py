@@ -31,6 +31,10 @@ from slime.backends.torch_engine.sampling import RowSampling, ban_tokens, sample
 
 logger = logging.getLogger(__name__)
 
+# What SGLang 0.5.19-0.5.23 answer for a request that an abort_request took from the waiting queue
+# (``TokenizerManager._handle_abort_req``: the AbortReq carries no reason of its own).
+QUEUED_ABORT_MESSAGE = "Abort in waiting queue"
+
 # Padded tokens one prefill forward may take (rows x longest prompt); at least one request always fits.
 PREFILL_TOKEN_BUDGET = 8192
 
@@ -59,7 +63,7 @@ class Request:
     stop_ids: frozenset[int] = frozenset()  # finish on these (empty with ignore_eos)
     banned_until_min: list[int] = field(default_factory=list)  # suppressed before min_new_tokens
     stop_tail_tokens: int = 0  # output tokens to decode when looking for stop strings
-    to_abort: str | None = None
+    aborted_in_queue: bool = False  # answered in the short shape of an abort from the waiting queue
 
     @property
     def wants_input_logprobs(self) -> bool:
@@ -185,7 +189,7 @@ class Scheduler:
             self.waiting.append(payload)
         elif kind == "abort":
             rid, abort_all, message = payload
-            self._abort_matching(lambda r: abort_all or r.rid.startswith(rid), message)
+            self._abort_matching(lambda r: abort_all or r.rid.startswith(rid), message, QUEUED_ABORT_MESSAGE)
         elif kind == "call":
             fn, future = payload
             if future.set_running_or_notify_cancel():
@@ -197,12 +201,18 @@ class Scheduler:
             self._abort_matching(lambda r: True, "server shutting down")
             self._stopping = True
 
-    def _abort_matching(self, match: Callable[[Request], bool], message: str) -> int:
-        """Abort waiting requests now and running ones (they keep what they produced); returns the count."""
+    def _abort_matching(
+        self, match: Callable[[Request], bool], message: str, queued_message: str | None = None
+    ) -> int:
+        """Abort waiting requests now and running ones (they keep what they produced); returns the count.
+
+        A waiting request is answered as SGLang answers one popped from its waiting queue
+        (``queued_message``, default ``message``; see ``_reply``)."""
         count = 0
         for request in [r for r in self.waiting if match(r)]:
             self.waiting.remove(request)
-            self._finish(request, protocol.finish_abort(message))
+            request.aborted_in_queue = True
+            self._finish(request, protocol.finish_abort_queued(queued_message or message))
             count += 1
         for request in sorted((r for r in self.running if match(r)), key=lambda r: -r.slot):
             self._remove_running(request)
@@ -375,7 +385,13 @@ class Scheduler:
             request.on_finish(self._reply(request))
 
     def _reply(self, request: Request) -> dict[str, Any]:
-        """The /generate reply, in SGLang's shape (see protocol.py)."""
+        """The /generate reply, in SGLang's shape (see protocol.py).
+
+        A request aborted in the waiting queue gets the tokenizer manager's own reply (SGLang
+        0.5.19-0.5.23, ``TokenizerManager._handle_abort_req``): meta_info holds only ``id``,
+        ``finish_reason``, ``weight_version``, ``e2e_latency``, the log-probs it had (with
+        ``return_logprob``) and ``completion_tokens``; no ``prompt_tokens`` or ``cached_tokens``.
+        """
         params = request.params
         reason = request.finish_reason
         ids = request.output_ids
@@ -387,13 +403,15 @@ class Scheduler:
             pos = text.find(matched)
             if pos != -1:
                 text = text[: pos + len(matched)] if params.no_stop_trim else text[:pos]
-        meta: dict[str, Any] = {
-            "id": request.rid,
-            "finish_reason": reason,
-            "prompt_tokens": len(request.input_ids),
-            "weight_version": self.weight_version,
-            "num_retractions": request.num_retractions,
-        }
+        meta: dict[str, Any] = {"id": request.rid, "finish_reason": reason}
+        if request.aborted_in_queue:
+            meta.update(weight_version=self.weight_version, e2e_latency=time.perf_counter() - request.arrival)
+        else:
+            meta.update(
+                prompt_tokens=len(request.input_ids),
+                weight_version=self.weight_version,
+                num_retractions=request.num_retractions,
+            )
         if request.return_logprob:
             with_text = request.return_text_in_logprobs
 
@@ -407,8 +425,9 @@ class Scheduler:
             meta["output_token_logprobs"] = triples(request.output_logprobs, ids)
             meta["output_token_logprobs_length"] = len(ids)
         meta["completion_tokens"] = len(ids)
-        meta["cached_tokens"] = 0
-        meta["e2e_latency"] = time.perf_counter() - request.arrival
+        if not request.aborted_in_queue:
+            meta["cached_tokens"] = 0
+            meta["e2e_latency"] = time.perf_counter() - request.arrival
         return {"text": text, "output_ids": list(ids), "meta_info": meta}
 
     def internal_state(self) -> dict[str, Any]:

@@ -271,12 +271,18 @@ async def v1_loads(request: web.Request) -> web.Response:
     )
 
 
+def _openai_error(status: int, message: str, kind: str) -> web.Response:
+    """SGLang's ``ErrorResponse`` body, which its HTTPException and validation handlers answer with."""
+    body = {"object": "error", "message": message, "type": kind, "param": None, "code": status}
+    return web.json_response(body, status=status)
+
+
 async def weight_version_moved(request: web.Request) -> web.Response:
     """SGLang 0.5.19-0.5.20 answer 404 here (the routes are gone from 0.5.21): /model_info has it."""
-    detail = (
+    message = (
         "Endpoint '/get_weight_version' or '/weight_version' is deprecated. Please use '/model_info' instead."
     )
-    return web.json_response({"detail": detail}, status=404)
+    return _openai_error(404, message, "404")
 
 
 async def update_weight_version(request: web.Request) -> web.Response:
@@ -308,8 +314,10 @@ async def get_weights_by_name(request: web.Request) -> web.Response:
 async def begin_weight_update(request: web.Request) -> web.Response:
     engine = request.app[ENGINE]
     selector = (await _body(request)).get("selector", "all")
-    if selector not in ("target", "draft", "all"):
-        return _result(False, f"invalid selector {selector!r}; expected 'target', 'draft', or 'all'")
+    if selector not in ("target", "draft", "all"):  # SGLang's Literal check: a validation error
+        return _openai_error(
+            400, f"selector: Input should be 'target', 'draft' or 'all', got {selector!r}", "Bad Request"
+        )
     ok, message = await _on_scheduler(engine, lambda: engine.begin_weight_update(selector))
     return _result(ok, message)
 

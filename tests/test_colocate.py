@@ -65,10 +65,14 @@ def engine_events(url: str) -> list[dict]:
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_colocated_rollouts_hand_weights_over_in_place(ray_cluster, tiny_models, reverse_task):
+@pytest.mark.parametrize("release", ["0.5.19", "0.5.23"])  # tensor updates without and within sessions
+def test_colocated_rollouts_hand_weights_over_in_place(ray_cluster, tiny_models, reverse_task, release):
     from slime.ray.session import TrainingSession
 
-    args = parse_args(run_flags(tiny_models["qwen2"], reverse_task, "--colocate"))
+    flags = run_flags(
+        tiny_models["qwen2"], reverse_task, "--colocate", "--torch-engine-sglang-release", release
+    )
+    args = parse_args(flags)
     check_implemented(args)
     assert args.rollout_num_gpus == 2 and args.update_weight_transport == "tensor"
     with TrainingSession(args) as session:

@@ -24,7 +24,8 @@ from slime.utils.http import ServerProcess, free_port, get_json, is_ok, post_jso
 def external_engine(tiny_models, tmp_path):
     port = free_port()
     argv = [sys.executable, "-m", "slime.backends.torch_engine", "--model-path", str(tiny_models["qwen2"])]
-    argv += ["--host", "127.0.0.1", "--port", str(port), "--random-seed", "7"]
+    # The oldest supported release, while the run's own engine mirrors the newest: one push reaches both.
+    argv += ["--host", "127.0.0.1", "--port", str(port), "--random-seed", "7", "--sglang-release", "0.5.19"]
     server = ServerProcess(
         "external engine", argv, tmp_path / "external.log", {**os.environ, "OMP_NUM_THREADS": "1"}
     )

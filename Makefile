@@ -2,6 +2,9 @@
 PY ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
+# SGLang's Python source, unpacked without its (CUDA) dependencies, for the contract tests that read
+# it: the oldest and the newest release slime supports (tests/test_sglang_wheels.py).
+SGLANG_WHEELS := 0.5.19 0.5.23
 
 .PHONY: venv test quickstart lint format
 
@@ -12,6 +15,10 @@ $(STAMP): pyproject.toml constraints.txt
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet torch==2.13.0
 	$(VENV)/bin/pip install --quiet -c constraints.txt -e '.[test]'
+	for v in $(SGLANG_WHEELS); do \
+		test -d $(VENV)/sglang-wheels/$$v/sglang || \
+		$(VENV)/bin/pip install --quiet --no-deps --target $(VENV)/sglang-wheels/$$v sglang==$$v || exit 1; \
+	done
 	touch $(STAMP)
 
 test: $(STAMP)

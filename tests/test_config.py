@@ -226,14 +226,15 @@ def test_load_debug_rollout_data_implies_train_only_and_skips_existence(hf: str)
 
 def test_collect_sglang_args_handles_values_switches_lists_and_equals() -> None:
     leftover = [
-        "--sglang-mem-fraction-static", "0.8", "--sglang-enable-metrics", "--sglang-cuda-graph-bs", "1", "2",
+        "--sglang-mem-fraction-static", "0.8", "--sglang-enable-metrics",
+        "--sglang-cuda-graph-bs-decode", "1", "2",
         "--sglang-log-level=warning", "--sglang-random-seed", "-1", "--sglang-disable-radix-cache",
     ]  # fmt: skip
     server_args, unknown = collect_sglang_args(leftover)
     assert server_args == {
         "mem_fraction_static": "0.8",
         "enable_metrics": True,
-        "cuda_graph_bs": ["1", "2"],
+        "cuda_graph_bs_decode": ["1", "2"],
         "log_level": "warning",
         "random_seed": "-1",
         "disable_radix_cache": True,

@@ -293,6 +293,7 @@ def _args(**overrides: object) -> argparse.Namespace:
         "rollout_seed": 42,
         "colocate": False,
         "log_level": "INFO",
+        "torch_engine_sglang_release": "0.5.23",
         "sglang_server_args": {
             "mem_fraction_static": "0.7",
             "enable_metrics": True,
@@ -340,6 +341,7 @@ def test_engine_command_switches_backends() -> None:
     torch = engine_command(args, "127.0.0.1", 1234, backend="torch", engine_rank=1, num_gpus=1)
     assert torch[1:3] == ["-m", "slime.backends.torch_engine"]
     assert torch[torch.index("--random-seed") + 1] == "43" and "--max-running-requests" in torch
+    assert torch[torch.index("--sglang-release") + 1] == "0.5.23"  # the protocol it mirrors
 
 
 def _node(ip: str, gpus: list[int], first_index: int) -> list[BundleLocation]:

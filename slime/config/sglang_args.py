@@ -54,14 +54,15 @@ to the engine backend. Collected into args.sglang_server_args (name in snake_cas
 as typed; a flag without a value is True, several values make a list). Set by slime and
 refused here: model path, tp size, host, port, nccl port, dist-init address, base gpu id,
 random seed, memory saver, nnodes, node rank. Example:
-  --sglang-mem-fraction-static 0.8 --sglang-enable-metrics --sglang-cuda-graph-bs 1 2 4
-  -> {"mem_fraction_static": "0.8", "enable_metrics": True, "cuda_graph_bs": ["1", "2", "4"]}"""
+  --sglang-mem-fraction-static 0.8 --sglang-enable-metrics --sglang-cuda-graph-bs-decode 1 2 4
+  -> {"mem_fraction_static": "0.8", "enable_metrics": True, "cuda_graph_bs_decode": ["1", "2", "4"]}"""
 
 
 @dataclass
 class FallbackServerArgs:
     """The SGLang server flags checked where SGLang is not installed (field names and types as
-    SGLang's ServerArgs has them): the ones RL runs set most, and the fields slime controls."""
+    SGLang's ServerArgs has them): the ones RL runs set most, and the fields slime controls. Each is
+    a flag of SGLang 0.5.23 (tests/test_sglang_wheels.py checks it against the real class)."""
 
     model_path: str = ""
     tokenizer_path: str | None = None
@@ -89,8 +90,8 @@ class FallbackServerArgs:
     max_running_requests: int | None = None
     max_total_tokens: int | None = None
     chunked_prefill_size: int | None = None
-    cuda_graph_max_bs: int | None = None
-    cuda_graph_bs: list[int] | None = None
+    cuda_graph_max_bs_decode: int | None = None  # --cuda-graph-max-bs before SGLang 0.5.23
+    cuda_graph_bs_decode: list[int] | None = None  # --cuda-graph-bs before SGLang 0.5.23
     disable_cuda_graph: bool = False
     disable_radix_cache: bool = False
     enable_metrics: bool = False

@@ -33,6 +33,8 @@ NO_EFFECT = {
     "chunked_prefill_size": "prefill batches are bounded by the engine's own token budget",
     "cuda_graph_max_bs": "no CUDA graphs",
     "cuda_graph_bs": "no CUDA graphs",
+    "cuda_graph_max_bs_decode": "no CUDA graphs",
+    "cuda_graph_bs_decode": "no CUDA graphs",
     "disable_cuda_graph": "no CUDA graphs",
     "enable_draft_weights_cpu_backup": "no speculative decoding",
     "log_level_http": "HTTP access logs follow --log-level",

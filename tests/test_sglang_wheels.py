@@ -1,0 +1,222 @@
+"""Contract tests against SGLang's own source: the oldest and the newest release slime supports.
+
+The Makefile unpacks the wheels of SGLang 0.5.19 and 0.5.23 without their (CUDA) dependencies into
+``.venv/sglang-wheels/<version>``. Three checks read them, so that the next upstream change of shape
+fails here and not in a user's first GPU run:
+
+- the real ``ServerArgs`` of 0.5.23 (a ``msgspec.Struct``; ``sglang/srt/server_args.py``) is imported in
+  a subprocess (``triton`` stubbed: it is a GPU package) and slime derives and checks ``--sglang-*``
+  flags from it; every field slime controls or knows without SGLang is one of its flags;
+- every field slime sends to an endpoint is a field of that endpoint's request struct
+  (``sglang/srt/managers/io_struct.py``, ``sampling/sampling_params.py``), read with ``ast``;
+- the routes slime relies on, and those the torch engine serves when it mirrors a release, are the
+  ones that release's ``entrypoints/http_server.py`` and ``entrypoints/v1_loads.py`` register.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+WHEELS = REPO / ".venv" / "sglang-wheels"
+RELEASES = ("0.5.19", "0.5.23")
+
+
+def source(release: str) -> Path:
+    root = WHEELS / release / "sglang" / "srt"
+    if not root.is_dir():
+        pytest.skip(f"SGLang {release} is not unpacked in {WHEELS} (make venv does it)")
+    return root
+
+
+# ---- ServerArgs ----------------------------------------------------------------------------------
+
+# Imports the real ServerArgs with a stand-in for triton (any attribute, callable, decorator).
+IMPORT_SERVER_ARGS = r"""
+import dataclasses, importlib.abc, importlib.machinery, json, sys, types
+
+class Anything:
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return Anything()
+    def __call__(self, *args, **kwargs):
+        return args[0] if len(args) == 1 and callable(args[0]) and not kwargs else Anything()
+    def __getitem__(self, key):
+        return Anything()
+
+class StubModule(types.ModuleType):
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return Anything()
+
+class Stubs(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] == "triton":
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+    def create_module(self, spec):
+        module = StubModule(spec.name)
+        module.__path__, module.__version__ = [], "3.0.0"
+        return module
+    def exec_module(self, module):
+        pass
+
+sys.meta_path.insert(0, Stubs())
+import sglang
+from sglang.srt.server_args import ServerArgs
+from slime.config import sglang_args as sa
+
+flags = sa.derive_server_flags(ServerArgs)
+source = sa.ServerArgsSource(ServerArgs, strict=True, origin=f"SGLang {sglang.__version__}")
+typical = ["--sglang-mem-fraction-static", "0.8", "--sglang-enable-metrics", "--sglang-dtype", "bfloat16",
+           "--sglang-context-length", "4096", "--sglang-attention-backend", "fa3"]
+server_args, unknown = sa.collect_sglang_args(typical)
+sa.check_sglang_server_args(server_args, source)
+errors = {}
+for bad in (["--sglang-no-such-flag", "1"], ["--sglang-tp-size", "2"], ["--sglang-dtype", "fp7"]):
+    try:
+        sa.check_sglang_server_args(sa.collect_sglang_args(bad)[0], source)
+    except sa.ConfigError as error:
+        errors[bad[0]] = error.line()
+print(json.dumps({
+    "version": sglang.__version__,
+    "is_dataclass": dataclasses.is_dataclass(ServerArgs),
+    "num_fields": len(sa.init_fields(ServerArgs)),
+    "flags": sorted(flags),
+    "fields": sorted({spec.field for spec in flags.values()}),
+    "errors": errors,
+}))
+"""
+
+
+def test_the_real_server_args_of_0_5_23_give_the_sglang_flags() -> None:
+    root = source("0.5.23").parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(REPO)])}
+    done = subprocess.run(
+        [sys.executable, "-c", IMPORT_SERVER_ARGS], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["version"] == "0.5.23" and not found["is_dataclass"]  # a msgspec.Struct
+    assert found["num_fields"] > 500
+    from slime.config import sglang_args as sa
+
+    fields = set(found["fields"])
+    assert set(sa.SLIME_CONTROLLED) <= fields  # what slime sets per engine is still a server flag
+    fallback = set(sa.init_fields(sa.FallbackServerArgs))
+    assert fallback <= fields, f"the built-in subset names flags SGLang 0.5.23 lacks: {fallback - fields}"
+    assert "is not a server flag of SGLang 0.5.23" in found["errors"]["--sglang-no-such-flag"]
+    assert "is set by slime" in found["errors"]["--sglang-tp-size"]
+    assert "'fp7' is not one of" in found["errors"]["--sglang-dtype"]
+
+
+# ---- request structs -----------------------------------------------------------------------------
+
+
+def struct_fields(path: Path) -> dict[str, set[str]]:
+    """Class name -> field names (annotated class attributes and ``__init__`` parameters), with the
+    fields of base classes defined in the same file."""
+    tree = ast.parse(path.read_text())
+    own: dict[str, set[str]] = {}
+    bases: dict[str, list[str]] = {}
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        names = {
+            s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
+        }
+        for item in node.body:
+            if isinstance(item, ast.FunctionDef) and item.name == "__init__":
+                names |= {a.arg for a in item.args.args[1:] + item.args.kwonlyargs}
+        own[node.name] = names
+        bases[node.name] = [b.id for b in node.bases if isinstance(b, ast.Name)]
+
+    def resolve(name: str) -> set[str]:
+        return own.get(name, set()).union(*(resolve(base) for base in bases.get(name, [])))
+
+    return {name: resolve(name) for name in own}
+
+
+# What slime sends (slime/weight_sync, slime/rollout, slime/ray/session.py), by request struct.
+SENT = {
+    "GenerateReqInput": {"input_ids", "sampling_params", "return_logprob", "rid"},
+    "UpdateWeightsFromDistributedReqInput": {
+        "names", "dtypes", "shapes", "group_name", "load_format", "flush_cache", "weight_version",
+    },
+    "UpdateWeightsFromTensorReqInput": {
+        "serialized_named_tensors", "load_format", "flush_cache", "weight_version",
+    },
+    "UpdateWeightFromDiskReqInput": {"model_path", "weight_version", "flush_cache", "abort_all_requests"},
+    "InitWeightsUpdateGroupReqInput": {
+        "master_address", "master_port", "rank_offset", "world_size", "group_name", "backend",
+    },
+    "DestroyWeightsUpdateGroupReqInput": {"group_name"},
+    "AbortReq": {"rid", "abort_all"},
+    "PauseGenerationReqInput": {"mode"},
+    "ReleaseMemoryOccupationReqInput": {"tags"},
+    "ResumeMemoryOccupationReqInput": {"tags"},
+}  # fmt: skip
+SAMPLING_PARAMS_SENT = {
+    "temperature", "top_p", "top_k", "max_new_tokens", "skip_special_tokens", "no_stop_trim",
+    "stop", "stop_token_ids", "sampling_seed",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_every_field_slime_sends_is_a_field_of_the_releases_request_struct(release: str) -> None:
+    root = source(release)
+    structs = struct_fields(root / "managers" / "io_struct.py")
+    for name, sent in SENT.items():
+        assert name in structs, f"SGLang {release} has no {name}"
+        assert sent <= structs[name], f"SGLang {release} {name} lacks {sent - structs[name]}"
+    sessions = "BeginWeightUpdateReqInput" in structs
+    assert sessions == (release >= "0.5.21")
+    if sessions:
+        assert "selector" in structs["BeginWeightUpdateReqInput"]
+    sampling = struct_fields(root / "sampling" / "sampling_params.py")["SamplingParams"]
+    assert sampling >= SAMPLING_PARAMS_SENT, SAMPLING_PARAMS_SENT - sampling
+
+
+# ---- routes --------------------------------------------------------------------------------------
+
+ROUTE = re.compile(r"\.(?:get|post|put|api_route)\(\s*\"(/[^\"]*)\"")
+# The endpoints slime calls, and those whose presence tells releases apart.
+RELEVANT = {
+    "/generate", "/health", "/health_generate", "/server_info", "/get_server_info", "/model_info",
+    "/get_model_info", "/abort_request", "/pause_generation", "/continue_generation", "/flush_cache",
+    "/init_weights_update_group", "/destroy_weights_update_group", "/update_weights_from_distributed",
+    "/update_weights_from_tensor", "/update_weights_from_disk", "/get_weights_by_name",
+    "/update_weight_version", "/release_memory_occupation", "/resume_memory_occupation",
+    "/begin_weight_update", "/end_weight_update", "/v1/loads", "/get_load", "/get_weight_version",
+}  # fmt: skip
+
+
+def served_routes(release: str) -> set[str]:
+    entrypoints = source(release) / "entrypoints"
+    text = (entrypoints / "http_server.py").read_text() + (entrypoints / "v1_loads.py").read_text()
+    return set(ROUTE.findall(text)) & RELEVANT
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_torch_engine_serves_the_routes_of_the_release_it_mirrors(release: str) -> None:
+    from slime.backends.torch_engine import protocol, server
+
+    real = served_routes(release)
+    mirrored = {path for _, path, _ in server.ROUTES} | {
+        path for _, path, _, serves in server.RELEASE_ROUTES if serves(protocol.release(release))
+    }
+    assert real == mirrored & RELEVANT, (
+        f"only SGLang {release}: {real - mirrored}",
+        f"only ours: {mirrored - real}",
+    )
+    assert ("/begin_weight_update" in real) == (release >= "0.5.21")
+    assert ("/get_load" in real) == (release <= "0.5.20") and "/v1/loads" in real

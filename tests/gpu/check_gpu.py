@@ -10,6 +10,15 @@
    ``/update_weights_from_tensor`` and read back exactly, (b) opened by a second process that
    checksums them, for ``--handoff-gb`` of bf16 tensors, with GB/s.
 
+4. Where SGLang is installed, the real SGLang server on one GPU, started by slime's own launcher:
+   its protocol as slime detects it (version, weight-update sessions, load endpoint), a greedy
+   generation whose log-probs are compared with transformers, then a distributed push and a tensor
+   (CUDA IPC) push through slime's own updaters (``DistributedWeightUpdater``, ``TensorWeightUpdater``:
+   sessions opened and closed as the release needs), each followed by a read-back of the weights and
+   the largest difference between the engine's log-probs and transformers' on the pushed weights.
+   The trainer side is a world of one rank holding the weights on the GPU; one GPU cannot hold two
+   NCCL ranks, so the distributed push runs over gloo with CUDA tensors.
+
 Without CUDA every check is skipped (exit 0) and says so.
 """
 
@@ -230,6 +239,138 @@ def check_ipc_throughput(gigabytes: float) -> dict[str, float]:
     return {"bytes": total, "pack_s": pack, "open_copy_s": receive, "GB_per_s": total / seconds / 1e9}
 
 
+class GpuStandInTrainer:
+    """What the updaters read from a trainer rank: its HF weights, here on the GPU."""
+
+    def __init__(self, state: dict[str, torch.Tensor]) -> None:
+        self.state = state
+
+    def perturb(self, seed: int) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        for tensor in self.state.values():
+            noise = torch.randn(tensor.shape, generator=generator) * 0.02
+            tensor.add_(noise.to(device=tensor.device, dtype=tensor.dtype))
+
+    def iter_hf_weights(self):
+        yield from self.state.items()
+
+
+def hf_logprobs(
+    model_dir: Path, state: dict[str, torch.Tensor], ids: list[int], prompt_len: int
+) -> list[float]:
+    """transformers' log-probs of ``ids[prompt_len:]`` with ``state`` loaded (fp32, on the GPU)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).cuda().eval()
+    model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
+    with torch.no_grad():
+        logits = model(torch.tensor([ids], device="cuda")).logits[0].float()
+    logprobs = torch.log_softmax(logits, dim=-1)
+    targets = torch.tensor(ids[prompt_len:], device="cuda")
+    return logprobs[prompt_len - 1 : len(ids) - 1].gather(1, targets[:, None])[:, 0].tolist()
+
+
+def engine_vs_hf(url: str, model_dir: Path, state: dict[str, torch.Tensor]) -> float:
+    """Largest |engine log-prob - transformers log-prob| over a 16-token greedy generation."""
+    from slime.utils.http import post_json_sync
+
+    prompt = [1, 2, 3, 4, 5]
+    reply = post_json_sync(
+        f"{url}/generate",
+        {
+            "input_ids": prompt,
+            "sampling_params": {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True},
+            "return_logprob": True,
+        },
+        timeout=120,
+    )
+    engine = [t[0] for t in reply["meta_info"]["output_token_logprobs"]]
+    reference = hf_logprobs(model_dir, state, prompt + reply["output_ids"], len(prompt))
+    return max(abs(a - b) for a, b in zip(engine, reference, strict=True))
+
+
+def engine_has(url: str, state: dict[str, torch.Tensor]) -> None:
+    from slime.utils.http import post_json_sync
+
+    for name in ("model.norm.weight", "model.layers.0.mlp.down_proj.weight"):
+        got = torch.tensor(post_json_sync(f"{url}/get_weights_by_name", {"name": name, "truncate_size": 4}))
+        want = state[name][:4].float().cpu()
+        assert torch.allclose(got.reshape(want.shape), want, atol=1e-2), (
+            f"engine {name} differs after the push"
+        )
+
+
+def check_real_sglang(model: Path, root: Path) -> dict[str, float | str | bool]:
+    """The real SGLang server through slime's launcher, client and updaters (see the module docstring)."""
+    import argparse as _argparse
+
+    import torch.distributed as dist
+    from megatron.core import parallel_state as mpu
+
+    from slime.backends.sglang import server_command
+    from slime.backends.torch_engine.weights import iter_safetensors
+    from slime.utils.engine_api import probe_engine_api
+    from slime.utils.http import ServerProcess, free_port, is_ok
+    from slime.weight_sync import distributed as distributed_sync
+    from slime.weight_sync.tensor import TensorWeightUpdater
+
+    launch = _argparse.Namespace(
+        hf_checkpoint=str(model),
+        rollout_seed=0,
+        colocate=False,
+        log_level="warning",
+        sglang_server_args={"mem_fraction_static": "0.2", "disable_cuda_graph": True},
+    )
+    port = free_port()
+    argv = server_command(launch, "127.0.0.1", port, engine_rank=0, num_gpus=1, nccl_port=free_port())
+    server = ServerProcess("sglang server", argv, root / "sglang.log", dict(os.environ))
+    server.start()
+    url = f"http://127.0.0.1:{port}"
+    results: dict[str, float | str | bool] = {}
+    try:
+        server.wait_ready(lambda: is_ok(f"{url}/health_generate", timeout=10), 600)
+        api = probe_engine_api(url)
+        results.update(version=api.version, sessions=api.weight_update_sessions, load_path=api.load_path)
+        state = {name: t.clone().cuda() for name, t in iter_safetensors(str(model))}
+        results["logprob_diff_initial"] = engine_vs_hf(url, model, state)
+
+        if not dist.is_initialized():
+            dist.init_process_group(
+                "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+            )
+        if not mpu.model_parallel_is_initialized():
+            mpu.initialize_model_parallel()
+        args = _argparse.Namespace(update_weights_timeout=120.0, update_weight_buffer_size=1 << 20)
+        trainer = GpuStandInTrainer(state)
+
+        distributed_sync.distributed_backend = lambda: "gloo"  # one GPU cannot hold two NCCL ranks
+        updater = distributed_sync.DistributedWeightUpdater(args, trainer)
+        updater.connect([url], 1)
+        trainer.perturb(1)
+        start = time.perf_counter()
+        updater.update("gpu-check-1")
+        results["distributed_push_s"] = time.perf_counter() - start
+        engine_has(url, state)
+        results["logprob_diff_after_distributed"] = engine_vs_hf(url, model, state)
+        updater.disconnect()
+
+        tensor = TensorWeightUpdater(args, trainer)
+        tensor.connect([url], 1)
+        trainer.perturb(2)
+        start = time.perf_counter()
+        tensor.update("gpu-check-2")
+        results["tensor_push_s"] = time.perf_counter() - start
+        engine_has(url, state)
+        results["logprob_diff_after_tensor"] = engine_vs_hf(url, model, state)
+    finally:
+        server.stop()
+    for key in ("logprob_diff_initial", "logprob_diff_after_distributed", "logprob_diff_after_tensor"):
+        assert results[key] < 2e-2, (
+            f"{key} = {results[key]:.4f}: the engine's log-probs differ from the trainer's"
+        )
+    return results
+
+
 def run_checks(handoff_gb: float = 1.0) -> dict[str, dict]:
     """Every check in order; the engine runs from check 2 to check 3. Raises on the first failure."""
     results: dict[str, dict] = {}
@@ -249,6 +390,12 @@ def run_checks(handoff_gb: float = 1.0) -> dict[str, dict]:
     finally:
         server.stop()
     timed("cuda_ipc_handoff_two_processes", lambda: check_ipc_throughput(handoff_gb))
+    from slime.backends import sglang
+
+    if sglang.is_available():
+        timed("real_sglang_generate_and_weight_pushes", lambda: check_real_sglang(model, root))
+    else:
+        print("skip real_sglang_generate_and_weight_pushes: SGLang is not installed", flush=True)
     return results
 
 

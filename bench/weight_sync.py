@@ -48,15 +48,17 @@ RESULTS = REPO / "bench" / "results" / "weight_sync.json"
 
 
 class StandInTrainer:
-    """What the updaters read from a trainer rank: its weights as full HF tensors."""
+    """What the updaters read from a trainer rank: its weights as full HF tensors (on any device;
+    tests/gpu/check_gpu.py uses it too)."""
 
     def __init__(self, state: dict[str, torch.Tensor]) -> None:
         self.state = state
 
     def perturb(self, seed: int) -> None:
         generator = torch.Generator().manual_seed(seed)
-        for tensor in self.state.values():
-            tensor.copy_(torch.randn(tensor.shape, generator=generator, dtype=tensor.dtype) * 0.02)
+        for tensor in self.state.values():  # drawn on the CPU, so the values do not depend on the device
+            noise = torch.randn(tensor.shape, generator=generator, dtype=tensor.dtype) * 0.02
+            tensor.copy_(noise.to(tensor.device))
 
     def iter_hf_weights(self):
         yield from self.state.items()

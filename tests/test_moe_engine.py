@@ -24,6 +24,7 @@ import torch
 from slime.backends.torch_engine.weights import iter_safetensors
 from slime.utils.http import ServerProcess, free_port, is_ok
 from slime.weight_sync import ipc
+from slime.weight_sync.engine_client import weight_update_session
 from slime.weight_sync.process_group import broadcast_from_rank0, create_weight_update_group
 
 pytestmark = pytest.mark.e2e
@@ -78,9 +79,10 @@ def _send_distributed(url: str, named: list[tuple[str, torch.Tensor]]) -> None:
             "group_name": "moe",
             "load_format": "flattened_bucket",
         }
-        reply = pool.submit(_post, url, "/update_weights_from_distributed", body)
-        broadcast_from_rank0(group, bucket.flattened_tensor, 60)
-        assert reply.result()["success"], reply.result()
+        with weight_update_session([url], 60):  # SGLang >= 0.5.21 (the engine's default release)
+            reply = pool.submit(_post, url, "/update_weights_from_distributed", body)
+            broadcast_from_rank0(group, bucket.flattened_tensor, 60)
+            assert reply.result()["success"], reply.result()
         assert _post(url, "/destroy_weights_update_group", {"group_name": "moe"})["success"]
         group.shutdown()
     finally:
@@ -102,27 +104,29 @@ def test_every_expert_weight_is_updated_read_back_and_used(engine, moe_model, tm
     _send_distributed(engine, [(name, state[name]) for name in experts[:half]])
     staging = ipc.StagingBuffer()
     bucket = staging.pack([(name, state[name]) for name in experts[half:]])
-    reply = _post(
-        engine,
-        "/update_weights_from_tensor",
-        {
-            "serialized_named_tensors": [ipc.serialize(bucket.payload())],
-            "load_format": "flattened_bucket",
-            "flush_cache": True,
-            "weight_version": "moe-1",
-        },
-    )
+    with weight_update_session([engine], 60):
+        reply = _post(
+            engine,
+            "/update_weights_from_tensor",
+            {
+                "serialized_named_tensors": [ipc.serialize(bucket.payload())],
+                "load_format": "flattened_bucket",
+                "flush_cache": True,
+                "weight_version": "moe-1",
+            },
+        )
     assert reply["success"], reply
 
     for name in experts:
         got = torch.tensor(_post(engine, "/get_weights_by_name", {"name": name, "truncate_size": 10**6}))
         assert torch.equal(got, state[name]), name
     wrong = [("model.layers.0.mlp.experts.0.up_proj.weight", torch.zeros(3, 3))]
-    bad = requests.post(
-        f"{engine}/update_weights_from_tensor",
-        json={"serialized_named_tensors": [ipc.serialize(wrong)]},
-        timeout=60,
-    )
+    with weight_update_session([engine], 60):
+        bad = requests.post(
+            f"{engine}/update_weights_from_tensor",
+            json={"serialized_named_tensors": [ipc.serialize(wrong)]},
+            timeout=60,
+        )
     assert not bad.json()["success"] and "expected [64, 128]" in bad.json()["message"]
 
     updated = tmp_path / "updated"

@@ -49,7 +49,7 @@ _lock = threading.Lock()
 
 
 def engine_api(url: str) -> EngineApi:
-    """The engine's API, probed on first use and remembered (``forget_engine`` after a restart)."""
+    """The engine's API, probed on first use and remembered for the life of this process."""
     url = url.rstrip("/")
     with _lock:
         if url in _known:
@@ -59,12 +59,6 @@ def engine_api(url: str) -> EngineApi:
         _known[url] = api
     logger.info("engine %s speaks %s", url, api.describe())
     return api
-
-
-def forget_engine(url: str) -> None:
-    """Probe again next time: the process behind ``url`` was replaced."""
-    with _lock:
-        _known.pop(url.rstrip("/"), None)
 
 
 def probe_engine_api(url: str) -> EngineApi:

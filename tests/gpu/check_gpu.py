@@ -239,22 +239,6 @@ def check_ipc_throughput(gigabytes: float) -> dict[str, float]:
     return {"bytes": total, "pack_s": pack, "open_copy_s": receive, "GB_per_s": total / seconds / 1e9}
 
 
-class GpuStandInTrainer:
-    """What the updaters read from a trainer rank: its HF weights, here on the GPU."""
-
-    def __init__(self, state: dict[str, torch.Tensor]) -> None:
-        self.state = state
-
-    def perturb(self, seed: int) -> None:
-        generator = torch.Generator().manual_seed(seed)
-        for tensor in self.state.values():
-            noise = torch.randn(tensor.shape, generator=generator) * 0.02
-            tensor.add_(noise.to(device=tensor.device, dtype=tensor.dtype))
-
-    def iter_hf_weights(self):
-        yield from self.state.items()
-
-
 def hf_logprobs(
     model_dir: Path, state: dict[str, torch.Tensor], ids: list[int], prompt_len: int
 ) -> list[float]:
@@ -307,6 +291,7 @@ def check_real_sglang(model: Path, root: Path) -> dict[str, float | str | bool]:
     import torch.distributed as dist
     from megatron.core import parallel_state as mpu
 
+    from bench.weight_sync import StandInTrainer
     from slime.backends.sglang import server_command
     from slime.backends.torch_engine.weights import iter_safetensors
     from slime.utils.engine_api import probe_engine_api
@@ -341,27 +326,22 @@ def check_real_sglang(model: Path, root: Path) -> dict[str, float | str | bool]:
         if not mpu.model_parallel_is_initialized():
             mpu.initialize_model_parallel()
         args = _argparse.Namespace(update_weights_timeout=120.0, update_weight_buffer_size=1 << 20)
-        trainer = GpuStandInTrainer(state)
+        trainer = StandInTrainer(state)
 
         distributed_sync.distributed_backend = lambda: "gloo"  # one GPU cannot hold two NCCL ranks
-        updater = distributed_sync.DistributedWeightUpdater(args, trainer)
-        updater.connect([url], 1)
-        trainer.perturb(1)
-        start = time.perf_counter()
-        updater.update("gpu-check-1")
-        results["distributed_push_s"] = time.perf_counter() - start
-        engine_has(url, state)
-        results["logprob_diff_after_distributed"] = engine_vs_hf(url, model, state)
-        updater.disconnect()
-
-        tensor = TensorWeightUpdater(args, trainer)
-        tensor.connect([url], 1)
-        trainer.perturb(2)
-        start = time.perf_counter()
-        tensor.update("gpu-check-2")
-        results["tensor_push_s"] = time.perf_counter() - start
-        engine_has(url, state)
-        results["logprob_diff_after_tensor"] = engine_vs_hf(url, model, state)
+        updaters = {
+            "distributed": distributed_sync.DistributedWeightUpdater(args, trainer),
+            "tensor": TensorWeightUpdater(args, trainer),
+        }
+        for seed, (name, updater) in enumerate(updaters.items(), start=1):
+            updater.connect([url], 1)
+            trainer.perturb(seed)
+            start = time.perf_counter()
+            updater.update(f"gpu-check-{seed}")
+            results[f"{name}_push_s"] = time.perf_counter() - start
+            engine_has(url, state)
+            results[f"logprob_diff_after_{name}"] = engine_vs_hf(url, model, state)
+            updater.disconnect()
     finally:
         server.stop()
     for key in ("logprob_diff_initial", "logprob_diff_after_distributed", "logprob_diff_after_tensor"):

@@ -42,6 +42,7 @@ from slime.backends.torch_engine.weights import iter_safetensors  # noqa: E402
 from slime.utils.http import ServerProcess, free_port, get_json, is_ok, post_json_sync  # noqa: E402
 from slime.weight_sync import ipc  # noqa: E402
 from slime.weight_sync.bucketing import iter_buckets, iter_packed_buckets  # noqa: E402
+from slime.weight_sync.engine_client import weight_update_session  # noqa: E402
 from slime.weight_sync.process_group import broadcast_from_rank0, create_weight_update_group  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "weight_sync.json"
@@ -163,7 +164,8 @@ def main() -> None:
     for round_ in range(cli.repeats):
         trainer.perturb(2 * round_)
         start = time.perf_counter()
-        distributed.update(f"d{round_}")
+        with weight_update_session([url], 300):  # as TrainingSession.push_weights opens it
+            distributed.update(f"d{round_}")
         best["distributed"] = min(best["distributed"], time.perf_counter() - start)
         check_engine(url, state)
 
@@ -174,7 +176,8 @@ def main() -> None:
 
         trainer.perturb(2 * round_ + 1)
         start = time.perf_counter()
-        tensor.update(f"t{round_}")
+        with weight_update_session([url], 300):
+            tensor.update(f"t{round_}")
         best["tensor"] = min(best["tensor"], time.perf_counter() - start)
         check_engine(url, state)
 

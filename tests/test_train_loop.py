@@ -69,14 +69,19 @@ def engine_weights_equal(url: str, expected: dict[str, torch.Tensor]) -> None:
         assert torch.equal(torch.tensor(values).flatten(), tensor.flatten()), (url, name)
 
 
-@pytest.mark.parametrize("release", ["0.5.19", "0.5.23"])  # without and with weight-update sessions
-def test_session_pushes_trainer_weights_to_every_engine(ray_cluster, tiny_models, reverse_task, release):
+# Without weight-update sessions (0.5.19, DP 2) and with them (0.5.23, PP 2: both stages push inside
+# the one session each engine has).
+@pytest.mark.parametrize(
+    ("release", "layout"), [("0.5.19", []), ("0.5.23", ["--pipeline-model-parallel-size", "2"])]
+)
+def test_session_pushes_trainer_weights_to_every_engine(
+    ray_cluster, tiny_models, reverse_task, release, layout
+):
     from slime.ray.session import TrainingSession
     from slime.utils.engine_api import probe_engine_api
 
-    args = parse_args(
-        loop_flags(tiny_models["qwen2"], reverse_task, "--torch-engine-sglang-release", release)
-    )
+    flags = loop_flags(tiny_models["qwen2"], reverse_task, "--torch-engine-sglang-release", release, *layout)
+    args = parse_args(flags)
     with TrainingSession(args) as session:
         session.push_weights()
         data = ray.get(session.rollout.generate.remote(0))

@@ -393,8 +393,9 @@ def _check_weight_sync(args: argparse.Namespace) -> None:
 
 
 def _check_engine_backend(args: argparse.Namespace) -> None:
-    """What the SGLang servers need for the flags slime sets on them, installed before they start."""
-    if args.rollout_num_gpus == 0:
+    """What the SGLang servers need for the flags slime sets on them, installed here: the driver runs
+    the engine nodes' image (the Docker image has them all)."""
+    if args.rollout_num_gpus == 0 or args.debug_train_only or args.loss_type == "sft_loss":
         return
     from slime.backends import resolve_backend
 

@@ -25,7 +25,7 @@ from slime.ray.cluster import (
 from slime.ray.critic import critic_args, critic_gpus
 from slime.ray.trainer_group import TrainerGroup
 from slime.utils.http import HttpError, get_json
-from slime.weight_sync.engine_client import post_all
+from slime.weight_sync.engine_client import ERROR_PATH_TIMEOUT_S, post_all, weight_update_session
 
 logger = logging.getLogger("slime")
 
@@ -143,26 +143,43 @@ class TrainingSession:
 
         Generation is paused around the update (nothing runs in the synchronous loop, but a request
         must never decode with half-updated weights); the last bucket flushes the engines' caches.
+        The distributed and tensor transports run inside one weight-update session per engine
+        (SGLang >= 0.5.21), opened here once for all trainer ranks and pipeline stages. When the
+        update fails, its error is the one raised: the clean-up after it only logs.
         """
         if not uses_engines(self.args) or self.trainer is None:
             return {}
         self.weight_version = self.weight_version + 1 if version is None else version
         ray.get(self.rollout.pause.remote(mode="abort"))
         self._post_external("/pause_generation", {"mode": "abort"})
+        failed = True
         try:
             if not self.args.colocate:
-                return self.trainer.update_weights(str(self.weight_version))
-            # --colocate: the optimizer state leaves first, the engines take their weights' memory back,
-            # the weights are handed over from the trainer's GPU, then the trainer's copy leaves too.
-            self.trainer.offload(["train_state"])
-            self._engine_memory("/resume_memory_occupation", ["weights"])
-            metrics = self.trainer.update_weights(str(self.weight_version))
-            self.trainer.offload(["weights"])
-            self._engine_memory("/resume_memory_occupation", ["kv_cache"])
+                metrics = self._update_in_session()
+            else:
+                # --colocate: the optimizer state leaves first, the engines take their weights' memory
+                # back, the weights are handed over from the trainer's GPU, then its copy leaves too.
+                self.trainer.offload(["train_state"])
+                self._engine_memory("/resume_memory_occupation", ["weights"])
+                metrics = self._update_in_session()
+                self.trainer.offload(["weights"])
+                self._engine_memory("/resume_memory_occupation", ["kv_cache"])
+            failed = False
             return metrics
         finally:
-            ray.get(self.rollout.resume.remote())
-            self._post_external("/continue_generation", {})
+            try:
+                ray.get(self.rollout.resume.remote(), timeout=None if not failed else ERROR_PATH_TIMEOUT_S)
+                self._post_external("/continue_generation", {})
+            except Exception as exc:
+                if not failed:
+                    raise
+                logger.warning("resuming generation after the failed weight push: %s", exc)
+
+    def _update_in_session(self) -> dict[str, float]:
+        urls = self.engine_urls + self.external_urls
+        in_session = urls if self.args.update_weight_transport != "disk" else []
+        with weight_update_session(in_session, self.args.update_weights_timeout):
+            return self.trainer.update_weights(str(self.weight_version))
 
     def _engine_memory(self, path: str, tags: list[str]) -> None:
         """Releases (or resumes) ``tags`` on this run's engines; resuming only what was released."""

@@ -79,8 +79,9 @@ class RolloutContext:
     _sent: int = 0
 
     def new_rid(self) -> str:
+        """Fixed width, so no rid is a prefix of another (SGLang matches abort rids by prefix)."""
         self._sent += 1
-        return f"{self.prefix}-{self._sent}"
+        return f"{self.prefix}-{self._sent:010d}"
 
 
 _CONTEXT: contextvars.ContextVar[RolloutContext | None] = contextvars.ContextVar(

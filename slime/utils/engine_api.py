@@ -6,7 +6,7 @@ differ where slime depends on them:
 - weight-update sessions: from 0.5.21 on, ``/update_weights_from_distributed`` and
   ``/update_weights_from_tensor`` must run between ``/begin_weight_update`` and ``/end_weight_update``
   (earlier releases answer 404 on both);
-- load: ``GET /v1/loads`` in newer releases, ``GET /get_load`` in older ones (gone in 0.5.23).
+- load: ``GET /v1/loads`` in every supported release; the deprecated ``GET /get_load`` until 0.5.20.
 
 Both are probed rather than inferred from the version string, so a patched or future build is
 judged by what it serves: ``GET`` on the POST-only ``/begin_weight_update`` answers 405 where the
@@ -81,10 +81,19 @@ def probe_engine_api(url: str) -> EngineApi:
     )
 
 
+# A GET on a route that exists answers 2xx, or 405 (it takes another method), or a validation error.
+_ROUTE_EXISTS = (400, 405, 422)
+
+
 def _serves(url: str, path: str) -> bool:
-    """True unless ``GET path`` answers 404 (405: the route exists for another method)."""
+    """Whether the engine has route ``path``: 404 says no; any other error (401, 5xx) is raised, so
+    that no wrong answer is remembered."""
     try:
         request_json("GET", f"{url}{path}", timeout=PROBE_TIMEOUT_S)
     except HttpError as exc:
-        return exc.status != 404
+        if exc.status == 404:
+            return False
+        if exc.status in _ROUTE_EXISTS:
+            return True
+        raise
     return True

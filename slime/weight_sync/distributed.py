@@ -10,11 +10,14 @@ Only the tensor-parallel group that holds that first rank gathers shards; the ot
 skip the sync entirely, except under expert parallelism, whose expert gathers span data-parallel
 ranks: there every rank gathers and only the first sends.
 
-On engines that have them (SGLang >= 0.5.21) every push runs inside a weight-update session. A
-push fails fast: while a broadcast is in flight the engines' HTTP replies are watched, so an engine
-that refuses a bucket (its ranks never join the broadcast) stops the push at once with its own
-message, instead of after ``--update-weights-timeout``. The group, which may still hold the
-broadcast, is then dropped on both sides and a new one (a new name) is opened before the next push.
+The caller opens the engines' weight-update session (SGLang >= 0.5.21) around ``update``, once for
+all pipeline stages (``TrainingSession.push_weights``). A push fails fast: while a broadcast is in
+flight the engines' HTTP replies are polled, so an engine that refuses a bucket (its ranks never join
+the broadcast) stops the push within a poll interval with its own message, instead of after
+``--update-weights-timeout``. The group, which may still hold the broadcast, is then dropped on both
+sides and a new one (a new name) is opened before the next push. An engine that had joined the
+broadcast may stay blocked in it until its own timeout (a real SGLang server holds it in the
+scheduler); the torch engine gives it up when the group is destroyed.
 """
 
 from __future__ import annotations
@@ -30,12 +33,7 @@ from megatron.core import parallel_state as mpu
 from slime.utils.device import distributed_backend
 from slime.utils.http import free_port
 from slime.weight_sync.bucketing import send_pipelined
-from slime.weight_sync.engine_client import (
-    first_failure,
-    post_all,
-    wait_all,
-    weight_update_session,
-)
+from slime.weight_sync.engine_client import ERROR_PATH_TIMEOUT_S, first_failure, post_all, wait_all
 from slime.weight_sync.ipc import FlattenedBucket, StagingBuffer
 from slime.weight_sync.process_group import (
     abandon_group,
@@ -46,8 +44,8 @@ from slime.weight_sync.process_group import (
 
 logger = logging.getLogger(__name__)
 
-# Seconds a destroy call may take on an engine while dropping a failed group.
-DESTROY_TIMEOUT_S = 30.0
+# Seconds to wait for the engines' replies after a broadcast broke, for the refusal that explains it.
+REFUSAL_GRACE_S = 5.0
 
 
 class DistributedWeightUpdater:
@@ -123,15 +121,10 @@ class DistributedWeightUpdater:
         try:
             if self.group is None:  # the last push failed and dropped it
                 self._open_group()
-            with weight_update_session(self.engine_urls, self.timeout):
-                # The next bucket is packed while the previous one is on the wire.
-                num_bytes = send_pipelined(
-                    weights,
-                    self.args.update_weight_buffer_size,
-                    self._staging,
-                    self._start_send,
-                    weight_version,
-                )
+            # The next bucket is packed while the previous one is on the wire.
+            num_bytes = send_pipelined(
+                weights, self.args.update_weight_buffer_size, self._staging, self._start_send, weight_version
+            )
         except Exception:
             for _ in weights:  # finish the gathers the other tensor-parallel ranks are in
                 pass
@@ -160,7 +153,15 @@ class DistributedWeightUpdater:
         work = start_broadcast_from_rank0(self.group, bucket.flattened_tensor, self.timeout)
 
         def wait() -> None:
-            wait_for_work(work, self.timeout, stop=lambda: first_failure(replies))
+            try:
+                wait_for_work(work, self.timeout, stop=lambda: first_failure(replies))
+            except Exception:
+                # A broken broadcast usually means an engine refused (or closed its group): its own
+                # words say why better than the transport's.
+                refusal = first_failure(replies, wait_s=REFUSAL_GRACE_S)
+                if refusal is not None:
+                    raise refusal from None
+                raise
             wait_all(replies)
 
         return wait
@@ -179,7 +180,7 @@ class DistributedWeightUpdater:
             self.engine_urls,
             "/destroy_weights_update_group",
             {"group_name": self.group_name},
-            DESTROY_TIMEOUT_S,
+            ERROR_PATH_TIMEOUT_S,
         )
         for url, reply in zip(self.engine_urls, replies, strict=True):
             try:

@@ -12,10 +12,12 @@ run inside a weight-update session (``/begin_weight_update`` ... ``/end_weight_u
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import functools
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -24,8 +26,10 @@ from slime.utils.http import HttpError, post_json_sync
 
 logger = logging.getLogger(__name__)
 
-# Closing a session must not wait as long as a transfer may: it only runs the post-load step.
+# Closing a session must not wait as long as a transfer may: it only runs the post-load step. After a
+# failed push an engine may be stuck in a broadcast that never ends: then do not wait on it long.
 END_SESSION_TIMEOUT_S = 120.0
+ERROR_PATH_TIMEOUT_S = 10.0
 
 
 class EngineCallError(RuntimeError):
@@ -72,16 +76,25 @@ def post_all(
     """The same call on every engine at once; a future per engine (``.result()`` re-raises)."""
     if not isinstance(payloads, list):
         payloads = [payloads or {}] * len(urls)
-    pool = ThreadPoolExecutor(max_workers=max(len(urls), 1))
-    futures = [
-        pool.submit(post, url, path, payload, timeout) for url, payload in zip(urls, payloads, strict=True)
+    calls = [
+        functools.partial(post, url, path, payload, timeout)
+        for url, payload in zip(urls, payloads, strict=True)
     ]
+    return call_all(calls)
+
+
+def call_all(calls: list[Callable[[], Any]]) -> list[Future]:
+    """Runs every call in a thread of its own, at once; a future per call."""
+    pool = ThreadPoolExecutor(max_workers=max(len(calls), 1))
+    futures = [pool.submit(call) for call in calls]
     pool.shutdown(wait=False)
     return futures
 
 
-def first_failure(futures: list[Future]) -> BaseException | None:
-    """The error of the first call that has already failed, if any (does not wait)."""
+def first_failure(futures: list[Future], wait_s: float = 0.0) -> BaseException | None:
+    """The error of the first call that has failed, if any, waiting at most ``wait_s`` for them."""
+    if wait_s > 0:
+        concurrent.futures.wait(futures, timeout=wait_s)
     for future in futures:
         if future.done() and future.exception() is not None:
             return future.exception()
@@ -105,30 +118,41 @@ def wait_all(futures: list[Future]) -> list[Any]:
 def weight_update_session(urls: list[str], timeout: float) -> Iterator[None]:
     """A weight-update session on every engine of ``urls`` that has them (SGLang >= 0.5.21).
 
-    ``/begin_weight_update {"selector": "all"}`` first; ``/end_weight_update`` afterwards, also when
-    the update failed (an engine left inside a session refuses the next begin). A failure to close
-    is raised after a successful update, only logged after a failed one (the first error matters).
+    One session per push, opened by the one caller that drives the push (every pipeline stage sends
+    inside it: SGLang keeps one session per engine). ``/begin_weight_update {"selector": "all"}``
+    first; ``/end_weight_update`` afterwards, also when the update failed (an engine left inside a
+    session refuses the next begin), then with a short timeout and only logged, so that the update's
+    own error is the one raised. A session still open from a push that never finished is closed and
+    opened again, with a warning.
     """
     with_sessions = [url for url in urls if engine_api(url).weight_update_sessions]
-    begun = post_all(with_sessions, "/begin_weight_update", {"selector": "all"}, timeout)
-    opened = [url for url, future in zip(with_sessions, begun, strict=True) if _succeeded(future)]
+    begun = call_all([functools.partial(_begin_session, url, timeout) for url in with_sessions])
+    opened = [url for url, future in zip(with_sessions, begun, strict=True) if future.exception() is None]
     try:
         wait_all(begun)
         yield
     except BaseException:
-        _end_sessions(opened, raise_errors=False)
+        _end_sessions(opened, ERROR_PATH_TIMEOUT_S, raise_errors=False)
         raise
-    _end_sessions(opened, raise_errors=True)
+    _end_sessions(opened, END_SESSION_TIMEOUT_S, raise_errors=True)
 
 
-def _succeeded(future: Future) -> bool:
-    return future.exception() is None
-
-
-def _end_sessions(urls: list[str], raise_errors: bool) -> None:
-    futures = post_all(urls, "/end_weight_update", {}, END_SESSION_TIMEOUT_S)
+def _begin_session(url: str, timeout: float) -> None:
     try:
-        wait_all(futures)
+        post(url, "/begin_weight_update", {"selector": "all"}, timeout)
+    except EngineCallError as exc:
+        if "already open" not in exc.engine_message:
+            raise
+        logger.warning(
+            "engine %s still had a weight-update session open (an unfinished push); closing it", url
+        )
+        post(url, "/end_weight_update", {}, timeout)
+        post(url, "/begin_weight_update", {"selector": "all"}, timeout)
+
+
+def _end_sessions(urls: list[str], timeout: float, raise_errors: bool) -> None:
+    try:
+        wait_all(post_all(urls, "/end_weight_update", {}, timeout))
     except Exception as exc:
         if raise_errors:
             raise

@@ -14,6 +14,7 @@ peer fails the call instead of hanging it.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import time
 from collections.abc import Callable
@@ -98,7 +99,7 @@ def wait_for_work(
 
     A weight update is a collective plus an HTTP call on every engine. An engine that refuses the
     call never joins the collective, which would then hang until its timeout: polling ``stop``
-    (which looks at the HTTP replies) turns that refusal into an error within milliseconds.
+    (which looks at the HTTP replies) turns that refusal into an error within a poll interval.
     """
     if stop is None:
         work.wait(datetime.timedelta(seconds=timeout_s))
@@ -115,6 +116,15 @@ def wait_for_work(
 
 
 def abandon_group(group: dist.ProcessGroup | None) -> None:
-    """Drops a group whose last collective may still be pending, without blocking on it."""
-    if group is not None:
-        _ABANDONED.append(group)
+    """Drops a group whose last collective may still be pending, without blocking on it.
+
+    An NCCL group is aborted first: its watchdog would otherwise end the whole process when the
+    pending collective times out. gloo has no such watchdog, and its ``abort`` does not end a wait.
+    """
+    if group is None:
+        return
+    nccl = getattr(dist, "ProcessGroupNCCL", None)
+    if nccl is not None and isinstance(group, nccl):
+        with contextlib.suppress(Exception):
+            group.abort()
+    _ABANDONED.append(group)

@@ -10,10 +10,10 @@ trainer rank collects its ``k`` handles and posts them as ``/update_weights_from
 (``load_format="flattened_bucket"``, one entry per engine TP rank, as SGLang expects); the engine
 copies from the mapped buffers into its parameters, so the bytes never leave the machine and the
 trainer holds at most two extra buckets. The last call sets ``weight_version`` and flushes the
-engine's cache. On engines that have them (SGLang >= 0.5.21) the calls run inside a weight-update
-session, opened and closed by the leader. An engine that refuses a bucket ends the leader's posting,
-while every rank still walks all buckets (the gathers and barriers stay matched); the leader then
-raises the engine's message.
+engine's cache. The caller opens the engines' weight-update session (SGLang >= 0.5.21) around
+``update`` (``TrainingSession.push_weights``). An engine that refuses a bucket ends the leader's
+posting, while every rank still walks all buckets (the gathers and barriers stay matched); the
+leader then raises the engine's message.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from slime.weight_sync import ipc
 from slime.weight_sync.bucketing import send_pipelined
-from slime.weight_sync.engine_client import post_all, wait_all, weight_update_session
+from slime.weight_sync.engine_client import post_all, wait_all
 
 
 class TensorWeightUpdater:
@@ -62,19 +62,17 @@ class TensorWeightUpdater:
         """Hands every weight to this rank's engine; ``weight_version`` flips with the last bucket."""
         start = time.perf_counter()
         self._refusal = None
-        leads = dist.get_rank() == self.leader
-        with weight_update_session([self.engine_url] if leads else [], self.timeout):
-            # The next bucket is packed while the engine copies the previous one.
-            num_bytes = send_pipelined(
-                self.trainer.iter_hf_weights(),
-                self.args.update_weight_buffer_size,
-                self._staging,
-                self._start_hand_over,
-                weight_version,
-            )
-            if self._refusal is not None:
-                raise self._refusal
-        if not leads:
+        # The next bucket is packed while the engine copies the previous one.
+        num_bytes = send_pipelined(
+            self.trainer.iter_hf_weights(),
+            self.args.update_weight_buffer_size,
+            self._staging,
+            self._start_hand_over,
+            weight_version,
+        )
+        if self._refusal is not None:
+            raise self._refusal
+        if dist.get_rank() != self.leader:
             return {}
         return {"update_weights_bytes": float(num_bytes), "update_weights_time": time.perf_counter() - start}
 

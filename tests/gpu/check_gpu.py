@@ -13,9 +13,10 @@
 4. Where SGLang is installed, the real SGLang server on one GPU, started by slime's own launcher:
    its protocol as slime detects it (version, weight-update sessions, load endpoint), a greedy
    generation whose log-probs are compared with transformers, then a distributed push and a tensor
-   (CUDA IPC) push through slime's own updaters (``DistributedWeightUpdater``, ``TensorWeightUpdater``:
-   sessions opened and closed as the release needs), each followed by a read-back of the weights and
-   the largest difference between the engine's log-probs and transformers' on the pushed weights.
+   (CUDA IPC) push through slime's own updaters (``DistributedWeightUpdater``, ``TensorWeightUpdater``,
+   inside ``weight_update_session`` where the release has sessions), each followed by a read-back of
+   the weights and the largest difference between the engine's log-probs and transformers' on the
+   pushed weights.
    The trainer side is a world of one rank holding the weights on the GPU; one GPU cannot hold two
    NCCL ranks, so the distributed push runs over gloo with CUDA tensors.
 
@@ -297,6 +298,7 @@ def check_real_sglang(model: Path, root: Path) -> dict[str, float | str | bool]:
     from slime.utils.engine_api import probe_engine_api
     from slime.utils.http import ServerProcess, free_port, is_ok
     from slime.weight_sync import distributed as distributed_sync
+    from slime.weight_sync.engine_client import weight_update_session
     from slime.weight_sync.tensor import TensorWeightUpdater
 
     launch = _argparse.Namespace(
@@ -337,7 +339,8 @@ def check_real_sglang(model: Path, root: Path) -> dict[str, float | str | bool]:
             updater.connect([url], 1)
             trainer.perturb(seed)
             start = time.perf_counter()
-            updater.update(f"gpu-check-{seed}")
+            with weight_update_session([url], 120):  # as TrainingSession.push_weights opens it
+                updater.update(f"gpu-check-{seed}")
             results[f"{name}_push_s"] = time.perf_counter() - start
             engine_has(url, state)
             results[f"logprob_diff_after_{name}"] = engine_vs_hf(url, model, state)

@@ -71,8 +71,10 @@ class TorchEngine:
         self.weights = weights.WeightStore(self.runner.model)
         self.release = protocol.release(args.sglang_release)
         self.groups: dict[str, Any] = {}
-        # Set by /destroy_weights_update_group: a receive still waiting on that group gives up.
+        # Set by /destroy_weights_update_group: a receive still waiting on that group gives up, and the
+        # group is then dropped rather than shut down (that would wait for the broadcast's timeout).
         self.group_cancelled: dict[str, threading.Event] = {}
+        self.given_up: set[str] = set()
         self.weight_session: str | None = None  # the open session's selector (SGLang >= 0.5.21)
         # Flattened buckets are received into one reused buffer per group: the updates of a group
         # come one at a time (the trainer waits for each answer), each loaded before it is answered.
@@ -317,6 +319,7 @@ class TorchEngine:
     def _cancellation(self, name: str) -> BaseException | None:
         cancelled = self.group_cancelled.get(name)
         if cancelled is not None and cancelled.is_set():
+            self.given_up.add(name)
             return RuntimeError(f"weight-update group {name!r} was destroyed while receiving")
         return None
 
@@ -329,11 +332,12 @@ class TorchEngine:
     def destroy_group(self, name: str) -> tuple[bool, str]:
         group = self.groups.pop(name, None)
         self.receive_buffers.pop(name, None)
-        cancelled = self.group_cancelled.pop(name, None)
+        self.group_cancelled.pop(name, None)
         if group is None:
             return False, "The group to be destroyed does not exist."
-        if cancelled is not None and cancelled.is_set():
-            abandon_group(group)  # a receive was given up: shutting it down would wait for its timeout
+        if name in self.given_up:
+            self.given_up.discard(name)
+            abandon_group(group)  # its broadcast may still be pending
             return True, "Succeeded to destroy custom process group."
         try:
             group.shutdown()

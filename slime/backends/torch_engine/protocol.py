@@ -2,6 +2,10 @@
 
 The engine mirrors one SGLang release at a time (``--sglang-release``, default the newest supported,
 ``SglangRelease`` below lists what differs); slime's client is tested against the oldest and the newest.
+Known differences from the real server: a receive stuck in a weight-update broadcast whose sender gave
+up ends when its group is destroyed (SGLang's scheduler stays in it until the group's timeout, and
+its session and pause calls wait too); a running request aborted keeps the tokens it had (SGLang
+decodes one more token first).
 
 Facts taken from SGLang 0.5.23 (`sglang/srt/entrypoints/http_server.py`, `managers/io_struct.py`,
 `managers/tokenizer_manager.py`, `managers/detokenizer_manager.py`, `managers/schedule_batch.py`,

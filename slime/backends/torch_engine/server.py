@@ -131,6 +131,9 @@ async def generate(request: web.Request) -> web.StreamResponse:
     admission.admit(rids)
     try:
         await admission.open.wait()  # held while paused, before the scheduler (see Admission)
+        reason = engine.unavailable_reason()  # memory may have been released meanwhile
+        if reason is not None:
+            return _error(503, reason)
         built = [engine.build_request(gen) for gen in inputs]
         replies = await _run_requests(engine, built)
     finally:

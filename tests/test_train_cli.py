@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO, model_args
 
 FAMILY_TITLES = (
@@ -46,3 +47,29 @@ def test_a_malformed_data_line_is_one_line_and_nothing_starts(tiny_models, tmp_p
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {data}:2: not valid JSON"), lines
+
+
+def test_an_engine_refusal_at_run_time_is_one_line_and_exit_1(tiny_models, tmp_path, monkeypatch, caplog):
+    """What ``train.py`` prints when an engine refuses a weight push (after the session has stopped
+    every process): the engine, the endpoint and the engine's own words, no traceback."""
+    from slime.cli import run_entry_point
+    from slime.weight_sync.engine_client import EngineCallError
+
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps({"input": "abc", "label": "cba"}) + "\n")
+    argv = [*model_args(), "--hf-checkpoint", str(tiny_models["qwen2"]), "--prompt-data", str(data)]
+    argv += ["--lr", "1e-5", "--rollout-batch-size", "1", "--rollout-num-gpus", "1", "--num-rollout", "1"]
+    monkeypatch.setattr(sys, "argv", ["train.py", *argv])
+    message = "update_weights_from_distributed must run between begin_weight_update() and end_weight_update()"
+
+    def refused(args) -> None:
+        raise EngineCallError("http://10.0.0.7:30000", "/update_weights_from_distributed", message, 400)
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_entry_point(refused)
+    assert exit_info.value.code == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert errors == [
+        f"engine http://10.0.0.7:30000 refused /update_weights_from_distributed (HTTP 400): {message}; "
+        "every process of the run was stopped"
+    ]

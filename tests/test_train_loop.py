@@ -70,9 +70,17 @@ def engine_weights_equal(url: str, expected: dict[str, torch.Tensor]) -> None:
 
 
 # Without weight-update sessions (0.5.19, DP 2) and with them (0.5.23, PP 2: both stages push inside
-# the one session each engine has).
+# the one session each engine has); at the temperature users run, with the trainer's own old log-probs
+# and with the engine's (--use-rollout-logprobs).
 @pytest.mark.parametrize(
-    ("release", "layout"), [("0.5.19", []), ("0.5.23", ["--pipeline-model-parallel-size", "2"])]
+    ("release", "layout"),
+    [
+        ("0.5.19", ["--rollout-temperature", "0.7"]),
+        (
+            "0.5.23",
+            ["--pipeline-model-parallel-size", "2", "--rollout-temperature", "0.7", "--use-rollout-logprobs"],
+        ),
+    ],
 )
 def test_session_pushes_trainer_weights_to_every_engine(
     ray_cluster, tiny_models, reverse_task, release, layout

@@ -129,3 +129,11 @@ def test_weight_buckets_respect_the_byte_budget_and_keep_order():
     tensors = [(f"t{i}", torch.zeros(n, dtype=torch.float32)) for i, n in enumerate([10, 10, 30, 5, 1])]
     buckets = list(iter_buckets(tensors, max_bytes=80))  # 20 floats per bucket; t2 (30) travels alone
     assert [[name for name, _ in b] for b in buckets] == [["t0", "t1"], ["t2"], ["t3", "t4"]]
+
+
+def test_the_trainer_takes_log_probs_at_the_rollout_temperature_and_greedy_at_one() -> None:
+    from slime.backends.megatron.logprobs import training_temperature
+
+    assert training_temperature(0.7) == 0.7
+    assert training_temperature(1.0) == 1.0
+    assert training_temperature(0.0) == 1.0  # SGLang samples greedy as top-k 1 at T = 1

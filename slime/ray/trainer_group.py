@@ -49,7 +49,7 @@ class TrainerActor:
             return self.trainer.load(self.args.load)
         return None
 
-    def compute_log_probs(self, data: TrainData, temperature: float) -> tuple[int, list] | None:
+    def compute_log_probs(self, data: TrainData, temperature: float | None) -> tuple[int, list] | None:
         """``(data-parallel rank, log-probs of its shard)`` from one reporting rank per shard, else None."""
         from megatron.core import parallel_state as mpu
 
@@ -364,8 +364,9 @@ class TrainerGroup:
         that gives the actor's log-probs."""
         return self.compute_log_probs(data)
 
-    def compute_log_probs(self, data: TrainData, temperature: float = 1.0) -> list:
-        """Response log-probs of every sample, in order (gathered from the last pipeline stage)."""
+    def compute_log_probs(self, data: TrainData, temperature: float | None = None) -> list:
+        """Response log-probs of every sample, in order (gathered from the last pipeline stage), at
+        ``temperature`` (default: the rollout's, as the trainer trains)."""
         check_token_budget(data["tokens"], self.args.max_tokens_per_gpu)
         results = self._call("compute_log_probs", ray.put(data), temperature)
         shards = sorted(result for result in results if result is not None)

@@ -36,7 +36,7 @@ from slime.backends.megatron.config import padded_vocab_size, transformer_config
 from slime.backends.megatron.conversion import ModelConverter, get_converter
 from slime.backends.megatron.conversion.base import ModelShape
 from slime.backends.megatron.hf_checkpoint import iter_hf_weights, load_hf_weights, write_hf_checkpoint
-from slime.backends.megatron.logprobs import token_logprobs_and_entropy
+from slime.backends.megatron.logprobs import token_logprobs_and_entropy, training_temperature
 from slime.backends.megatron.loss import LossFn, build_loss_fn, needs_reference
 from slime.backends.megatron.model import (
     build_model_chunks,
@@ -106,6 +106,10 @@ class MegatronTrainer:
         total_steps = (args.num_rollout or 0) * args.num_steps_per_rollout
         self.optimizer, self.scheduler = build_optimizer(args, self.model, total_steps)
         self.loss_fn: LossFn = build_loss_fn(args)
+        # SFT fits the data's own distribution; RL losses the one the engines sampled from.
+        self.temperature = (
+            1.0 if args.loss_type == "sft_loss" else training_temperature(args.rollout_temperature)
+        )
         self.step = 0
         self.num_micro_batches = 0  # of the last forward/backward pass, for logs and tests
         # The reference policy for KL (as a loss or as reward shaping): the initial weights, kept off
@@ -204,8 +208,11 @@ class MegatronTrainer:
     # ---- calls made by the trainer group ---------------------------------------------------------
 
     @torch.no_grad()
-    def compute_log_probs(self, data: TrainData, temperature: float = 1.0) -> list[torch.Tensor] | None:
-        """Per-sample log-probs of the response tokens (on the last pipeline stage; None elsewhere)."""
+    def compute_log_probs(
+        self, data: TrainData, temperature: float | None = None
+    ) -> list[torch.Tensor] | None:
+        """Per-sample log-probs of the response tokens (on the last pipeline stage; None elsewhere), at
+        ``temperature`` (default: the rollout's, ``training_temperature``)."""
         for chunk in self.model:
             chunk.eval()
 
@@ -213,6 +220,7 @@ class MegatronTrainer:
             outputs = {"log_probs": [lp.float().cpu() for lp in log_probs], "indices": batch.indices}
             return torch.zeros((), device=self.device), outputs
 
+        temperature = self.temperature if temperature is None else temperature
         stored = self._run(data, collect, forward_only=True, with_entropy=False, temperature=temperature)
         if not mpu.is_pipeline_last_stage():
             return None
@@ -275,7 +283,7 @@ class MegatronTrainer:
             metrics = {"loss": loss.detach().clone(), **{k: v.detach().clone() for k, v in metrics.items()}}
             return loss, metrics
 
-        stored = self._run(data, loss_of, forward_only=False, with_entropy=True, temperature=1.0)
+        stored = self._run(data, loss_of, forward_only=False, with_entropy=True, temperature=self.temperature)
         updated, grad_norm, _ = self.optimizer.step()
         if updated:
             self.scheduler.step(increment=1)

@@ -255,3 +255,15 @@ def test_sample_round_trips_through_json():
     assert sample.reward_value("acc") == 1.0
     with pytest.raises(ValueError, match="pass --reward-key"):
         sample.reward_value()
+
+
+def test_num_epoch_gives_whole_rollouts_of_the_prompts_and_names_what_to_pass() -> None:
+    from slime.config import ConfigError
+    from slime.rollout.data_source import rollouts_for_epochs
+
+    assert rollouts_for_epochs(list(range(8)), 1, 4) == 2
+    assert rollouts_for_epochs(list(range(10)), 3, 4) == 7  # 30 prompts: 7 whole rollouts, 2 start pass 4
+    with pytest.raises(ConfigError, match=r"1 pass\(es\) over 3 prompts do not fill one rollout"):
+        rollouts_for_epochs(list(range(3)), 1, 4)
+    with pytest.raises(ConfigError, match="has no length"):
+        rollouts_for_epochs(object(), 1, 4)

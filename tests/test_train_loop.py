@@ -190,6 +190,23 @@ def test_train_py_runs_grpo_logs_every_scalar_and_resumes_exactly(tiny_models, r
         assert resumed[tag][0][1] == pytest.approx(scalars[tag][2][1], rel=1e-6, abs=1e-9), tag
 
 
+def test_num_epoch_alone_sets_the_number_of_rollouts_from_the_data(tiny_models, reverse_task, tmp_path):
+    """8 prompts, 4 per rollout, one epoch: 2 rollouts, known before the trainers build their LR
+    schedule (before, --num-epoch without --num-rollout crashed after every process had started)."""
+    tb = tmp_path / "tb"
+    flags = loop_flags(tiny_models["qwen2"], reverse_task, "--tb-dir", str(tb), "--lr-decay-style", "linear")
+    at = flags.index("--num-rollout")
+    flags[at : at + 2] = ["--num-epoch", "1"]
+    decay = flags.index("--lr-decay-style")  # loop_flags' constant one comes first; keep the linear
+    del flags[decay : decay + 2]
+    result = run_train(flags)
+    assert "--num-epoch 1: 2 rollouts" in result.stderr
+    scalars = read_events(tb)
+    assert [step for step, _ in scalars["train/loss"]] == [0, 1]
+    lrs = [value for _, value in scalars["train/lr"]]
+    assert lrs == pytest.approx([5e-5, 0.0])  # after each step of a linear decay from 1e-4 over 2 steps
+
+
 def test_ctrl_c_stops_every_process_of_the_run(tiny_models, reverse_task):
     tag = uuid.uuid4().hex
     flags = loop_flags(tiny_models["qwen2"], reverse_task)

@@ -68,11 +68,14 @@ class TrainingSession:
 
     def _start(self) -> None:
         from slime.ray.rollout_manager import RolloutManager, load_eval_datasets
-        from slime.rollout.data_source import make_data_source
+        from slime.rollout.data_source import make_data_source, rollouts_for_epochs
 
         args = self.args
         # Read (and so check) the data before any process starts: a bad line is a one-line error.
         data_source = make_data_source(args)
+        if args.num_rollout is None:  # --num-epoch: the trainers' LR schedule needs the count up front
+            args.num_rollout = rollouts_for_epochs(data_source, args.num_epoch, args.rollout_batch_size)
+            logger.info("--num-epoch %d: %d rollouts", args.num_epoch, args.num_rollout)
         eval_datasets = load_eval_datasets(args)
         self._owns_ray = not ray.is_initialized() and not args.ray_address
         start_ray(args)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from slime.config import split_data_path
+from slime.config import ConfigError, split_data_path
 from slime.rollout.sample import Sample
 
 logger = logging.getLogger(__name__)
@@ -292,6 +292,27 @@ class DataSource(Protocol):
     def load(self, rollout_id: int, directory: str | os.PathLike[str]) -> bool:
         """Continues from the position saved after ``rollout_id``; False when nothing was saved there."""
         ...
+
+
+def rollouts_for_epochs(data_source: object, num_epoch: int, rollout_batch_size: int) -> int:
+    """``--num-rollout`` for ``--num-epoch`` passes over the prompts: whole rollouts of
+    ``rollout_batch_size`` prompts (the data source wraps into the next epoch, so a last partial
+    batch is not lost, it starts the next pass). Raises ``ConfigError`` naming the flag to pass
+    when the source has no length or the passes do not fill one rollout."""
+    if not hasattr(data_source, "__len__"):
+        raise ConfigError(
+            "--num-epoch",
+            f"{type(data_source).__name__} has no length to count epochs by; pass --num-rollout N",
+        )
+    num_prompts = len(data_source)
+    rollouts = num_prompts * num_epoch // rollout_batch_size
+    if rollouts < 1:
+        raise ConfigError(
+            "--num-epoch",
+            f"{num_epoch} pass(es) over {num_prompts} prompts do not fill one rollout of "
+            f"--rollout-batch-size {rollout_batch_size}; pass --num-rollout N or more epochs",
+        )
+    return rollouts
 
 
 def make_data_source(args: argparse.Namespace) -> DataSource:

@@ -452,3 +452,28 @@ def test_off_policy_and_critic_flags_are_checked():
     ):
         with pytest.raises(ConfigError, match=flag):
             _check_critic(_algorithm_args(**bad))
+
+
+def test_a_sample_without_a_reward_stays_out_of_its_groups_statistics():
+    from slime.algorithms.advantages import outcome_advantages
+
+    def per_sample(rewards, valid, estimator, normalize_std=True):
+        advantages = outcome_advantages(rewards, [1] * len(rewards), 4, estimator, normalize_std, valid=valid)
+        return [round(a.item(), 5) for a in advantages]
+
+    # [1, 1, 1, failed]: all valid rewards agree, so nothing is learned (the placeholder 0.0 gave +0.5).
+    assert per_sample([1.0, 1.0, 1.0, 0.0], [True, True, True, False], "grpo") == [0.0] * 4
+    assert per_sample([1.0, 1.0, 1.0, 0.0], None, "grpo") == [0.5] * 3 + [-1.5]
+    # [1, 0, 1, failed]: mean 2/3, unbiased std over the three sqrt(1/3).
+    third = 1 / 3
+    expected = [round(v / math.sqrt(third), 5) for v in (third, -2 * third, third)] + [0.0]
+    assert per_sample([1.0, 0.0, 1.0, 5.0], [True, True, True, False], "grpo") == expected
+    assert per_sample([1.0, 0.0, 1.0, 5.0], [True, True, True, False], "dr_grpo") == [
+        round(third, 5),
+        round(-2 * third, 5),
+        round(third, 5),
+        0.0,
+    ]
+    # RLOO: each valid reward minus the mean of the other valid ones; one valid sample: nothing.
+    assert per_sample([1.0, 0.0, 1.0, 5.0], [True, True, True, False], "rloo") == [0.5, -1.0, 0.5, 0.0]
+    assert per_sample([1.0, 0.0, 0.0, 0.0], [True, False, False, False], "rloo") == [0.0] * 4

@@ -279,6 +279,10 @@ def test_keep_varied_rewards_drops_groups_whose_rewards_all_agree():
         False, "rewards_all_equal"
     )
     assert keep_varied_rewards(args, [Sample(reward=0.0), Sample(reward=1.0)]).keep
+    # A sample whose reward function raised (reward 0.0 as a placeholder) varies nothing.
+    failed = Sample(reward=0.0, status=Sample.Status.FAILED)
+    assert not keep_varied_rewards(args, [Sample(reward=1.0), Sample(reward=1.0), failed]).keep
+    assert not keep_varied_rewards(args, [Sample(reward=1.0), failed]).keep
 
 
 def test_calculator_tool_evaluates_arithmetic_only():

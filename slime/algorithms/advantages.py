@@ -11,20 +11,30 @@ from slime.algorithms.kl import kl_estimate
 
 
 def group_normalized_rewards(
-    rewards: torch.Tensor, group_size: int, normalize_std: bool = True, eps: float = 1e-6
+    rewards: torch.Tensor,
+    group_size: int,
+    normalize_std: bool = True,
+    eps: float = 1e-6,
+    valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """GRPO's advantage: each reward minus its group's mean, divided by the group's std (optional).
 
     ``rewards`` is flat with consecutive groups of ``group_size`` samples of the same prompt. The std
     is the unbiased one, as in the GRPO paper and slime; a group whose rewards are all equal gets
-    advantage 0 (its std is 0 and ``eps`` keeps the division finite).
+    advantage 0 (its std is 0 and ``eps`` keeps the division finite). ``valid`` (bool, like
+    ``rewards``) leaves samples whose reward does not exist (the reward function raised) out of
+    their group's mean and std; they get advantage 0.
     """
     if rewards.numel() % group_size:
         raise ValueError(f"{rewards.numel()} rewards do not form groups of {group_size}")
     grouped = rewards.float().reshape(-1, group_size)
-    centered = grouped - grouped.mean(dim=1, keepdim=True)
+    mask = torch.ones_like(grouped) if valid is None else valid.reshape(-1, group_size).float()
+    count = mask.sum(dim=1, keepdim=True)
+    mean = (grouped * mask).sum(dim=1, keepdim=True) / count.clamp(min=1)
+    centered = (grouped - mean) * mask
     if normalize_std and group_size > 1:
-        centered = centered / (grouped.std(dim=1, keepdim=True) + eps)
+        variance = (centered**2).sum(dim=1, keepdim=True) / (count - 1).clamp(min=1)
+        centered = centered / (variance.sqrt() + eps)
     return centered.reshape(-1)
 
 
@@ -35,16 +45,22 @@ def broadcast_to_tokens(per_sample: torch.Tensor, response_lengths: list[int]) -
     ]
 
 
-def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+def rloo_advantages(
+    rewards: torch.Tensor, group_size: int, valid: torch.Tensor | None = None
+) -> torch.Tensor:
     """RLOO (Ahmadian et al. 2024): each reward minus the mean of the *other* rewards of its group.
 
-    ``r_i - mean_{j≠i} r_j = G/(G-1) · (r_i - mean_j r_j)``; needs groups of at least two samples.
+    ``r_i - mean_{j≠i} r_j = n/(n-1) · (r_i - mean_j r_j)`` over the ``n`` valid samples of the group
+    (see ``group_normalized_rewards``); a group with fewer than two valid samples gets 0.
     """
     if group_size < 2:
         raise ValueError("rloo needs --n-samples-per-prompt >= 2 (a leave-one-out baseline)")
-    return group_normalized_rewards(rewards, group_size, normalize_std=False) * (
-        group_size / (group_size - 1)
-    )
+    centered = group_normalized_rewards(rewards, group_size, normalize_std=False, valid=valid)
+    if valid is None:
+        return centered * (group_size / (group_size - 1))
+    count = valid.reshape(-1, group_size).float().sum(dim=1, keepdim=True)
+    scale = torch.where(count > 1, count / (count - 1).clamp(min=1), torch.zeros_like(count))
+    return (centered.reshape(-1, group_size) * scale).reshape(-1)
 
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]
@@ -202,6 +218,7 @@ def outcome_advantages(
     estimator: str,
     normalize_std: bool = True,
     loss_masks: Sequence[Sequence[int]] | None = None,
+    valid: Sequence[bool] | None = None,
 ) -> list[torch.Tensor]:
     """Per-token advantages for the outcome-reward estimators, one tensor per sample.
 
@@ -209,19 +226,21 @@ def outcome_advantages(
     ``dr_grpo``: group-centred rewards without std normalisation (Liu et al. 2025, pair it with
     ``--loss-agg-mode seq_mean_token_sum``); ``rloo``: leave-one-out baseline;
     ``reinforce_plus_plus_baseline``: group-centred rewards whitened over every unmasked token of the
-    batch (needs ``loss_masks``).
+    batch (needs ``loss_masks``). ``valid``: False for a sample without a reward, left out of its
+    group's statistics with advantage 0.
     """
     values = torch.tensor(rewards, dtype=torch.float32)
+    mask = None if valid is None else torch.tensor(list(valid), dtype=torch.bool)
     if estimator in ("grpo", "gspo", "cispo"):
-        per_sample = group_normalized_rewards(values, group_size, normalize_std)
+        per_sample = group_normalized_rewards(values, group_size, normalize_std, valid=mask)
     elif estimator == "dr_grpo":
-        per_sample = group_normalized_rewards(values, group_size, normalize_std=False)
+        per_sample = group_normalized_rewards(values, group_size, normalize_std=False, valid=mask)
     elif estimator == "rloo":
-        per_sample = rloo_advantages(values, group_size)
+        per_sample = rloo_advantages(values, group_size, valid=mask)
     elif estimator == "reinforce_plus_plus_baseline":
         if loss_masks is None:
             raise ValueError("reinforce_plus_plus_baseline whitens over tokens: pass loss_masks")
-        centered = group_normalized_rewards(values, group_size, normalize_std=False)
+        centered = group_normalized_rewards(values, group_size, normalize_std=False, valid=mask)
         masks = [torch.as_tensor(m, dtype=torch.float32) for m in loss_masks]
         return masked_whiten(broadcast_to_tokens(centered, response_lengths), masks)
     else:

@@ -63,14 +63,15 @@ def samples_to_train_data(groups: list[list[Sample]], reward_key: str | None = N
     what the reward function returned (a number or a dict), kept for logging; ``weight_versions`` are
     the engine weight versions each sample was generated with (the loops log staleness from them). A
     FAILED sample (its reward could not be computed) keeps its place, so group shapes hold, but its
-    loss mask is all zeros: nothing is learned from a reward that does not exist.
+    loss mask is all zeros and ``valid_rewards`` is False: nothing is learned from a reward that does
+    not exist, and its placeholder 0.0 stays out of its group's mean and std.
     """
     samples = [sample for group in groups for sample in group]
     # Rollouts that sample nothing (SFT) have no engine log-probs: then the key is left out, so
     # that a present key always means one log-prob per response token.
     with_log_probs = any(sample.rollout_log_probs is not None for sample in samples)
     keys = ["tokens", "response_lengths", "loss_masks", "rewards", "raw_rewards", "sample_indices"]
-    keys.append("weight_versions")
+    keys += ["weight_versions", "valid_rewards"]
     data: dict[str, list] = {key: [] for key in [*keys, *(["rollout_log_probs"] if with_log_probs else [])]}
     for sample in samples:
         n = sample.response_length
@@ -93,6 +94,7 @@ def samples_to_train_data(groups: list[list[Sample]], reward_key: str | None = N
         data["raw_rewards"].append(sample.reward)
         data["sample_indices"].append(sample.index)
         data["weight_versions"].append(list(sample.weight_versions))
+        data["valid_rewards"].append(sample.status != Sample.Status.FAILED)
         if with_log_probs:
             data["rollout_log_probs"].append(list(log_probs))
     return data

@@ -139,6 +139,7 @@ class TrainerActor:
                 args.advantage_estimator,
                 normalize_std=not args.disable_grpo_std_normalization,
                 loss_masks=data["loss_masks"],
+                valid=data.get("valid_rewards"),
             )
             data = {**data, "advantages": advantages}
         # Where each sample sits in the rollout, so that values computed per shard find their sample.
@@ -232,6 +233,7 @@ class TrainerActor:
             args.advantage_estimator,
             normalize_std=not args.disable_grpo_std_normalization,
             loss_masks=data["loss_masks"],
+            valid=data.get("valid_rewards"),
         )
         for shard in shards:
             shard["advantages"] = [advantages[p] for p in shard["positions"]]

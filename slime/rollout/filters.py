@@ -36,8 +36,11 @@ def as_filter_result(verdict: FilterResult | bool) -> FilterResult:
 
 
 def keep_varied_rewards(args: argparse.Namespace, group: list[Sample]) -> FilterResult:
-    """Drops groups whose rewards all agree: with group-relative advantages they train on nothing."""
-    rewards = [sample.reward_value(args.reward_key) for sample in group]
-    if max(rewards) == min(rewards):
+    """Drops groups whose rewards all agree: with group-relative advantages they train on nothing.
+
+    Samples whose reward function failed have no reward: they neither vary a group nor count in it.
+    """
+    rewards = [s.reward_value(args.reward_key) for s in group if s.status != Sample.Status.FAILED]
+    if len(rewards) < 2 or max(rewards) == min(rewards):
         return FilterResult(False, "rewards_all_equal")
     return FilterResult(True)

@@ -132,7 +132,7 @@ def test_weight_buckets_respect_the_byte_budget_and_keep_order():
 
 
 def test_the_trainer_takes_log_probs_at_the_rollout_temperature_and_greedy_at_one() -> None:
-    from slime.backends.megatron.logprobs import training_temperature
+    from slime.algorithms.mismatch import training_temperature
 
     assert training_temperature(0.7) == 0.7
     assert training_temperature(1.0) == 1.0

@@ -68,3 +68,12 @@ def mismatch_token_metrics(
         "train_rollout_kl": kl_estimate(rollout, train, "k3"),
         "train_rollout_tis_clipfrac": clipped,
     }
+
+
+def training_temperature(rollout_temperature: float) -> float:
+    """The temperature the trainer's log-probs and entropy are taken at: the one the engines sampled
+    with, so that old, reference and current log-probs are those of the distribution the rollout
+    came from (SGLang reports ``log_softmax(logits / T)``). Temperature 0 (greedy) trains at 1: SGLang
+    samples it as top-k 1 at temperature 1 and reports the log-probs of that unscaled distribution.
+    """
+    return rollout_temperature if rollout_temperature > 0 else 1.0

@@ -13,15 +13,6 @@ from megatron.core import parallel_state as mpu
 from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
 
 
-def training_temperature(rollout_temperature: float) -> float:
-    """The temperature the trainer's log-probs and entropy are taken at: the one the engines sampled
-    with, so that old, reference and current log-probs are those of the distribution the rollout
-    came from (SGLang reports ``log_softmax(logits / T)``). Temperature 0 (greedy) trains at 1: SGLang
-    samples it as top-k 1 at temperature 1 and reports the log-probs of that unscaled distribution.
-    """
-    return rollout_temperature if rollout_temperature > 0 else 1.0
-
-
 def _mask_padded_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
     local = logits.shape[-1]
     start = mpu.get_tensor_model_parallel_rank() * local

@@ -20,6 +20,7 @@ from megatron.core import parallel_state as mpu
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
+from slime.algorithms.mismatch import training_temperature
 from slime.backends.megatron import checkpoint
 from slime.backends.megatron.batching import (
     MicroBatch,
@@ -36,7 +37,7 @@ from slime.backends.megatron.config import padded_vocab_size, transformer_config
 from slime.backends.megatron.conversion import ModelConverter, get_converter
 from slime.backends.megatron.conversion.base import ModelShape
 from slime.backends.megatron.hf_checkpoint import iter_hf_weights, load_hf_weights, write_hf_checkpoint
-from slime.backends.megatron.logprobs import token_logprobs_and_entropy, training_temperature
+from slime.backends.megatron.logprobs import token_logprobs_and_entropy
 from slime.backends.megatron.loss import LossFn, build_loss_fn, needs_reference
 from slime.backends.megatron.model import (
     build_model_chunks,

@@ -356,6 +356,9 @@ def test_lr_not_required_for_rollout_only(hf: str) -> None:
         (["--recompute-granularity", "full"], "--recompute-method", "--recompute-num-layers"),
         (["--lr-warmup-iters", "5", "--lr-warmup-fraction", "0.1"], "--lr-warmup-fraction", "keep one"),
         (["--expert-model-parallel-size", "2"], "--expert-model-parallel-size", "--num-experts"),
+        # With the engines' log-probs as the old policy every IS weight is 1: a silent no-op before.
+        (["--use-tis", "--use-rollout-logprobs"], "--use-tis", "--use-rollout-logprobs"),
+        (["--use-mis", "--use-rollout-logprobs"], "--use-mis", "every weight would be 1"),
     ],
 )
 def test_inconsistent_flags_fail_with_the_flag_named(

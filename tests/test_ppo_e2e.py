@@ -60,13 +60,12 @@ def test_ppo_warms_up_the_critic_saves_it_and_resumes_it(tiny_models, reverse_ta
     assert [step for step, _ in scalars["train/pg_loss"]] == [1] and scalars["train/skipped"] == [(1, 0.0)]
 
 
-def test_gspo_with_rollout_logprobs_masked_is_and_kl_shaping(tiny_models, reverse_task, tmp_path):
+def test_gspo_with_masked_is_and_kl_shaping(tiny_models, reverse_task, tmp_path):
     tb = tmp_path / "tb"
     extra = [
         *SMALL,
         "--advantage-estimator", "gspo",
         "--eps-clip", "3e-4", "--eps-clip-high", "4e-4",
-        "--use-rollout-logprobs",
         "--use-mis", "--mis-level", "geometric",
         "--kl-coef", "0.01", "--ref-update-interval", "1",
         "--tb-dir", str(tb),

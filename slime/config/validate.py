@@ -651,6 +651,13 @@ def _check_algorithm(args: argparse.Namespace) -> None:
 def _check_off_policy_corrections(args: argparse.Namespace) -> None:
     if args.use_mis and args.use_tis:
         raise ConfigError("--use-mis", "cannot be combined with --use-tis (one IS correction); keep one")
+    for flag, on in (("--use-tis", args.use_tis), ("--use-mis", args.use_mis)):
+        if on and args.use_rollout_logprobs:
+            raise ConfigError(
+                flag,
+                "corrects the trainer's old log-probs towards the engines'; with --use-rollout-logprobs "
+                "they are the engines' (every weight would be 1); drop one of the two",
+            )
     if args.mis_upper_bound <= 0:
         raise ConfigError("--mis-upper-bound", f"must be positive, got {args.mis_upper_bound}; e.g. 2.0")
     if args.mis_lower_bound is None:

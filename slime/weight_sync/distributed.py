@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 
 import ray
+import torch.distributed as dist
 from megatron.core import parallel_state as mpu
 
 from slime.utils.device import distributed_backend
@@ -74,8 +75,31 @@ class DistributedWeightUpdater:
         """Opens this stage's group with every engine; both sides block until all have joined."""
         self.engine_urls = list(engine_urls)
         self.ranks_per_engine = ranks_per_engine
-        if self._is_sender:
-            self._open_group()
+        self._open_in_stage_order(self._is_sender)
+
+    def _open_in_stage_order(self, opening: bool) -> None:
+        """Opens the groups of the stages that are ``opening``, one pipeline stage after the other.
+
+        An engine joins groups one at a time (SGLang's scheduler and the torch engine handle
+        ``/init_weights_update_group`` in turn, each blocking until every rank has joined), so two
+        stages opening at once can each hold one engine inside the other's rendezvous: a deadlock.
+        Every trainer rank calls this (it takes part in the barriers); an error is raised after them.
+        """
+        stages = mpu.get_pipeline_model_parallel_world_size()
+        if stages == 1:
+            if opening:
+                self._open_group()
+            return
+        error: Exception | None = None
+        for stage in range(stages):
+            if opening and stage == mpu.get_pipeline_model_parallel_rank():
+                try:
+                    self._open_group()
+                except Exception as exc:
+                    error = exc
+            dist.barrier()
+        if error is not None:
+            raise error
 
     def _open_group(self) -> None:
         stage = mpu.get_pipeline_model_parallel_rank()
@@ -110,6 +134,11 @@ class DistributedWeightUpdater:
 
     def update(self, weight_version: str) -> dict[str, float]:
         """Pushes every weight to every engine; the engines report ``weight_version`` afterwards."""
+        reopen_error: Exception | None = None
+        try:
+            self._reopen_dropped_groups()
+        except Exception as exc:  # raised below, once this rank's gathers are done
+            reopen_error = exc
         if not self._in_sending_replica:
             return {}
         start = time.perf_counter()
@@ -119,8 +148,8 @@ class DistributedWeightUpdater:
                 pass
             return {}
         try:
-            if self.group is None:  # the last push failed and dropped it
-                self._open_group()
+            if reopen_error is not None:
+                raise reopen_error
             # The next bucket is packed while the previous one is on the wire.
             num_bytes = send_pipelined(
                 weights, self.args.update_weight_buffer_size, self._staging, self._start_send, weight_version
@@ -131,6 +160,19 @@ class DistributedWeightUpdater:
             self._drop_group()
             raise
         return {"update_weights_bytes": float(num_bytes), "update_weights_time": time.perf_counter() - start}
+
+    def _reopen_dropped_groups(self) -> None:
+        """After a failed push: the senders whose group was dropped open a new one, in stage order
+        (every rank learns whether any must, so all take part in the ordering)."""
+        dropped = self._is_sender and self.group is None
+        if mpu.get_pipeline_model_parallel_world_size() == 1:
+            if dropped:
+                self._open_group()
+            return
+        anyone = [None] * dist.get_world_size()
+        dist.all_gather_object(anyone, dropped)
+        if any(anyone):
+            self._open_in_stage_order(dropped)
 
     def _start_send(self, bucket: FlattenedBucket, version: str | None) -> Callable[[], None]:
         """Announces ``bucket`` and starts its broadcast; the returned call waits for both to finish.

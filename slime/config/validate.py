@@ -392,10 +392,15 @@ def _check_weight_sync(args: argparse.Namespace) -> None:
             )
 
 
+def uses_engines(args: argparse.Namespace) -> bool:
+    """SFT and train-only debugging need no rollout engines."""
+    return not args.debug_train_only and args.loss_type != "sft_loss"
+
+
 def _check_engine_backend(args: argparse.Namespace) -> None:
     """What the SGLang servers need for the flags slime sets on them, installed here: the driver runs
     the engine nodes' image (the Docker image has them all)."""
-    if args.rollout_num_gpus == 0 or args.debug_train_only or args.loss_type == "sft_loss":
+    if args.rollout_num_gpus == 0 or not uses_engines(args):
         return
     from slime.backends import resolve_backend
 

@@ -14,6 +14,7 @@ from types import FrameType
 
 import ray
 
+from slime.config import uses_engines
 from slime.ray.cluster import (
     bundle_order,
     create_placement_group,
@@ -32,11 +33,6 @@ logger = logging.getLogger("slime")
 
 def _sigterm_to_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
-
-
-def uses_engines(args: argparse.Namespace) -> bool:
-    """SFT and train-only debugging need no rollout engines."""
-    return not args.debug_train_only and args.loss_type != "sft_loss"
 
 
 class TrainingSession:

@@ -165,12 +165,10 @@ class DistributedWeightUpdater:
         """After a failed push: the senders whose group was dropped open a new one, in stage order
         (every rank learns whether any must, so all take part in the ordering)."""
         dropped = self._is_sender and self.group is None
-        if mpu.get_pipeline_model_parallel_world_size() == 1:
-            if dropped:
-                self._open_group()
-            return
-        anyone = [None] * dist.get_world_size()
-        dist.all_gather_object(anyone, dropped)
+        anyone = [dropped]
+        if mpu.get_pipeline_model_parallel_world_size() > 1:
+            anyone = [None] * dist.get_world_size()
+            dist.all_gather_object(anyone, dropped)
         if any(anyone):
             self._open_in_stage_order(dropped)
 
@@ -216,14 +214,14 @@ class DistributedWeightUpdater:
         self.group = None
         self._destroy_on_engines()
 
-    def _destroy_on_engines(self) -> None:
-        """Best effort: an engine that lost the group, or is gone, is reported by the next push."""
-        replies = post_all(
-            self.engine_urls,
-            "/destroy_weights_update_group",
-            {"group_name": self.group_name},
-            ERROR_PATH_TIMEOUT_S,
-        )
+    def _destroy_on_engines(self, timeout: float = ERROR_PATH_TIMEOUT_S, best_effort: bool = True) -> None:
+        """``/destroy_weights_update_group`` on every engine. Best effort after a failure: an engine
+        that lost the group, or is gone, is reported by the next push."""
+        payload = {"group_name": self.group_name}
+        replies = post_all(self.engine_urls, "/destroy_weights_update_group", payload, timeout)
+        if not best_effort:
+            wait_all(replies)
+            return
         for url, reply in zip(self.engine_urls, replies, strict=True):
             try:
                 reply.result()
@@ -232,9 +230,5 @@ class DistributedWeightUpdater:
 
     def disconnect(self) -> None:
         if self._is_sender and self.group is not None:
-            wait_all(
-                post_all(
-                    self.engine_urls, "/destroy_weights_update_group", {"group_name": self.group_name}, 60
-                )
-            )
+            self._destroy_on_engines(timeout=60, best_effort=False)
             self.group = None

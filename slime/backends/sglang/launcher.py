@@ -19,21 +19,17 @@ from pathlib import Path
 
 from slime.config.sglang_args import server_flags
 
-# What the SGLang server needs installed for a server flag slime sets: (slime flag, the server flag
-# it adds, the Python module the server imports for it). SGLang 0.5.19-0.5.23 import
-# torch_memory_saver when --enable-memory-saver is set; without it the engine dies at start.
-SERVER_REQUIREMENTS = (("--colocate", "--enable-memory-saver", "torch_memory_saver"),)
-
 
 def missing_server_requirements(args: argparse.Namespace) -> list[tuple[str, str, str]]:
-    """The ``SERVER_REQUIREMENTS`` this run triggers whose module is not installed here (the engine
-    nodes run the same image as the driver)."""
-    triggered = {"--colocate": bool(getattr(args, "colocate", False))}
-    return [
-        requirement
-        for requirement in SERVER_REQUIREMENTS
-        if triggered[requirement[0]] and importlib.util.find_spec(requirement[2]) is None
-    ]
+    """``(slime flag, server flag it adds, Python module the server needs for it)`` for each server
+    flag slime sets whose module is not installed here (the engine nodes run the driver's image).
+
+    SGLang 0.5.19-0.5.23 import torch_memory_saver for ``--enable-memory-saver`` (set by
+    ``--colocate``) in ``utils/torch_memory_saver_adapter.py``; without it the server dies at start.
+    """
+    if getattr(args, "colocate", False) and importlib.util.find_spec("torch_memory_saver") is None:
+        return [("--colocate", "--enable-memory-saver", "torch_memory_saver")]
+    return []
 
 
 def is_available() -> bool:

@@ -220,3 +220,13 @@ def test_the_torch_engine_serves_the_routes_of_the_release_it_mirrors(release: s
     )
     assert ("/begin_weight_update" in real) == (release >= "0.5.21")
     assert ("/get_load" in real) == (release <= "0.5.20") and "/v1/loads" in real
+
+
+def test_the_session_routes_take_post_only_so_the_probe_can_use_get() -> None:
+    """``slime.utils.engine_api`` tells a release with sessions by ``GET /begin_weight_update``
+    answering 405 (the route exists, for POST only: FastAPI's answer) rather than 404, which opens
+    nothing. That holds only while the routes are registered with ``@app.post``, as in 0.5.23."""
+    text = (source("0.5.23") / "entrypoints" / "http_server.py").read_text()
+    for path in ("/begin_weight_update", "/end_weight_update"):
+        registrations = re.findall(rf"@app\.(\w+)\(\s*\"{path}\"", text)
+        assert registrations == ["post"], (path, registrations)

@@ -13,12 +13,28 @@ from collections.abc import Callable
 
 from slime.config import ConfigError, check_implemented, parse_args
 from slime.rollout.data_source import DataError
+from slime.rollout.errors import RolloutError
 from slime.utils.metrics import setup_logging
 from slime.weight_sync.engine_client import EngineCallError
 
 logger = logging.getLogger("slime")
 
 Check = Callable[[argparse.Namespace], None]
+
+# Run-time errors whose message is the whole story (they name the engine or the plugin at fault).
+ONE_LINE_RUN_ERRORS = (EngineCallError, RolloutError)
+
+
+def one_line_cause(error: BaseException) -> BaseException | None:
+    """The ``ONE_LINE_RUN_ERRORS`` behind ``error``: itself, or the cause a Ray task error carries
+    (raised in an actor, it reaches the driver wrapped, with the actor's traceback as its text)."""
+    seen: BaseException | None = error
+    while seen is not None:
+        cause = getattr(seen, "cause", None)  # ray.exceptions.RayTaskError
+        if cause is None and isinstance(seen, ONE_LINE_RUN_ERRORS):
+            return seen
+        seen = cause if cause is not None else seen.__cause__
+    return None
 
 
 def run_entry_point(train: Callable[[argparse.Namespace], None], *checks: Check) -> None:
@@ -32,9 +48,12 @@ def run_entry_point(train: Callable[[argparse.Namespace], None], *checks: Check)
     except (ConfigError, DataError) as error:  # raised before any process started
         print(error.line(), file=sys.stderr)
         sys.exit(2)
-    except EngineCallError as error:  # the run stopped; the session stopped every process first
-        logger.error("%s; every process of the run was stopped", error)
-        sys.exit(1)
     except KeyboardInterrupt:
         logger.error("interrupted; every process of the run was stopped")
         sys.exit(130)
+    except Exception as error:  # the run stopped; the session stopped every process first
+        cause = one_line_cause(error)
+        if cause is None:
+            raise
+        logger.error("%s; every process of the run was stopped", cause)
+        sys.exit(1)

@@ -26,7 +26,7 @@ from slime.algorithms.losses import (
     ppo_clip_loss,
     truncated_is_weights,
 )
-from slime.algorithms.mismatch import masked_is_weights, mismatch_token_metrics
+from slime.algorithms.mismatch import masked_is_weights, mismatch_token_metrics, per_scored_token
 from slime.backends.megatron.batching import MicroBatch
 from slime.backends.megatron.loss import make_policy_loss_fn, make_value_loss_fn
 from slime.config.validate import ConfigError, _check_critic, _check_off_policy_corrections, check_implemented
@@ -407,6 +407,36 @@ def test_policy_loss_with_mis_masks_tokens_and_logs_the_mismatch():
     assert metrics["mis_masked_frac"].item() == pytest.approx(0.5)
     assert metrics["train_rollout_logprob_abs_diff"].item() == pytest.approx(math.log(3.0) / 2)
     assert metrics["train_rollout_tis_clipfrac"].item() == pytest.approx(0.5)  # 3 > --tis-clip 2
+
+
+def test_tokens_without_engine_log_probs_get_no_is_correction_and_stay_out_of_the_mismatch():
+    """Sample 0 has engine log-probs (ratio 3 on its first token); sample 1 was built by hand
+    (``rollout_log_prob_masks`` 0, placeholder 0.0, which against log π = log 0.5 would look like a
+    ratio of 0.5): it is trained with weight 1, and the mismatch is the mean over sample 0 alone."""
+    batch = _micro_batch(
+        loss_masks=[[1, 1], [1, 1]],
+        advantages=[[1.0, 1.0], [1.0, 1.0]],
+        old_log_probs=[[0.0, 0.0], [math.log(0.5)] * 2],
+        rollout_log_probs=[[-math.log(3.0), 0.0], [0.0, 0.0]],
+        rollout_log_prob_masks=[[1, 1], [0, 0]],
+    )
+    log_probs = [torch.zeros(2), torch.full((2,), math.log(0.5))]  # on-policy: -A per token
+    loss, metrics = make_policy_loss_fn(_policy_args(use_tis=True))(batch, log_probs, None)
+    assert loss.item() == pytest.approx(-(2.0 + 1.0 + 1.0 + 1.0) / 4)  # TIS 2, 1 and 1, 1 (unknown)
+    assert metrics["tis_clipfrac"].item() == pytest.approx(1 / 4)
+    assert metrics["rollout_logprob_coverage"].item() == pytest.approx(0.5)
+    reduced = per_scored_token({k: v.item() for k, v in metrics.items()})
+    assert reduced["train_rollout_logprob_abs_diff"] == pytest.approx(math.log(3.0) / 2)
+    assert reduced["train_rollout_tis_clipfrac"] == pytest.approx(0.5)
+    mis_loss, mis = make_policy_loss_fn(_policy_args(use_mis=True))(batch, log_probs, None)
+    assert mis_loss.item() == pytest.approx(-(0.0 + 1.0 + 1.0 + 1.0) / 4)  # only the ratio-3 token dropped
+    assert mis["mis_masked_frac"].item() == pytest.approx(1 / 4)
+
+
+def test_mismatch_metrics_are_left_out_when_no_token_was_scored_by_the_engine():
+    metrics = {"rollout_logprob_coverage": 0.0, "train_rollout_kl": 0.0, "pg_loss": 1.5}
+    assert per_scored_token(metrics) == {"rollout_logprob_coverage": 0.0, "pg_loss": 1.5}
+    assert per_scored_token({"pg_loss": 1.5}) == {"pg_loss": 1.5}
 
 
 def _algorithm_args(**overrides) -> argparse.Namespace:

@@ -22,22 +22,26 @@ from pathlib import Path
 import pytest
 import ray
 from conftest import running_rollout_manager
+from text_form_generate import write_chat_prompts
 from tqdm import tqdm
 
 from examples.multi_turn_tool.calculator import tool_reply
 from slime.config import parse_args
+from slime.ray.rollout_manager import samples_to_train_data
 from slime.rollout import engine_control
 from slime.rollout.data_source import PromptDataSource
+from slime.rollout.errors import RolloutError
 from slime.rollout.filters import FilterResult
-from slime.rollout.generate_utils import cached_tokenizer, rollout_context
+from slime.rollout.generate_utils import cached_tokenizer, prompt_ids, rollout_context
 from slime.rollout.sample import Sample
-from slime.rollout.sglang_rollout import RolloutClient, sample_rollout, sampling_params
+from slime.rollout.sglang_rollout import RolloutClient, generate_rollout, sample_rollout, sampling_params
 from slime.utils.http import get_json, post_json_sync
 
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parent.parent
 PROMPTS = REPO / "examples/multi_turn_tool/prompts.jsonl"
+PLUGINS = REPO / "tests/text_form_generate.py"
 MULTI_TURN = [
     "--data-source-path", f"{REPO}/examples/data_plugins/arithmetic_source.py:ArithmeticSource",
     "--custom-generate-function-path", "examples.multi_turn_tool.calculator.generate",
@@ -221,8 +225,72 @@ def test_a_filter_that_keeps_nothing_stops_the_rollout_instead_of_drawing_foreve
         "--rollout-batch-size", "1", "--over-sampling-batch-size", "4",
         "--dynamic-sampling-filter-path", f"{__name__}.drop_all",
     )  # fmt: skip
-    with pytest.raises(RuntimeError, match=r"dropped all 2\d groups .*'always'"):
+    with pytest.raises(
+        RolloutError, match=r"drew 80 prompt groups for a batch of 1 and kept 0: 80 dropped .*'always'"
+    ):
         asyncio.run(sample_rollout(args, 0, PromptDataSource.from_args(args)))
+    assert [engine_control.num_requests(url) for url in urls] == [0, 0]
+
+
+@pytest.fixture(scope="module")
+def chat_prompts(tmp_path_factory) -> Path:
+    return write_chat_prompts(tmp_path_factory.mktemp("chat") / "chat.jsonl")
+
+
+def chat_args(model: Path, router_url: str, prompts: Path, plugin: str):
+    return make_args(
+        model,
+        "--prompt-data", str(prompts), "--input-key", "messages", "--label-key", "label",
+        "--custom-generate-function-path", f"{PLUGINS}:{plugin}",
+        "--custom-rm-path", f"{PLUGINS}:first_letter_reward",
+        "--rollout-batch-size", "2", "--rollout-max-response-len", "8", "--rollout-temperature", "0.7",
+        router_url=router_url,
+    )  # fmt: skip
+
+
+def test_a_text_form_generate_is_tokenized_and_trained_without_engine_log_probs(
+    rollout, tiny_models, chat_prompts
+):
+    _, _, router_url = rollout
+    args = chat_args(tiny_models["qwen2"], router_url, chat_prompts, "text_generate")
+    output = asyncio.run(sample_rollout(args, 0, PromptDataSource.from_args(args)))
+    tokenizer = cached_tokenizer(args.hf_checkpoint)
+    samples = [s for group in output.groups for s in group]
+    assert len(samples) == 4 and all(s.status is Sample.Status.COMPLETED for s in samples)
+    for sample in samples:
+        response_ids = tokenizer(sample.response, add_special_tokens=False)["input_ids"]
+        assert sample.response_length == len(response_ids) > 0
+        assert sample.tokens[-sample.response_length :] == response_ids
+        assert sample.tokens[: sample.prompt_length] == prompt_ids(args, sample)
+        assert sample.loss_mask == [1] * len(response_ids) and sample.rollout_log_probs is None
+        assert sample.reward in (0.0, 1.0)
+    data = samples_to_train_data(output.groups)
+    assert "rollout_log_probs" not in data and data["loss_masks"] == [s.loss_mask for s in samples]
+    eval_set = PromptDataSource.from_args(args).get_samples(3)  # before, evaluation raised "no reward yet"
+    metrics = generate_rollout(args, 0, {"chat": [group[0] for group in eval_set]}, evaluation=True).metrics
+    assert 0.0 <= metrics["eval/chat"] <= 1.0 and metrics["eval/chat/response_length"] > 0
+
+
+UNFINISHED = r"kept 0: 0 dropped .*40 came back unfinished \(samples \{'aborted': 80\}\)"
+
+
+@pytest.mark.parametrize(
+    ("plugin", "error"),
+    [
+        ("untouched_generate", r"untouched_generate returned sample \d+ still pending .*sample\.response"),
+        ("aborted_generate", r"drew 40 prompt groups for a batch of 2 and " + UNFINISHED),
+    ],
+)
+def test_a_generate_returning_unfinished_samples_stops_the_rollout_at_once(
+    rollout, tiny_models, chat_prompts, plugin, error
+):
+    """Before, their groups were never scored and the rollout drew prompts without end."""
+    _, urls, router_url = rollout
+    args = chat_args(tiny_models["qwen2"], router_url, chat_prompts, plugin)
+    started = time.monotonic()
+    with pytest.raises(RolloutError, match=error):
+        asyncio.run(sample_rollout(args, 0, PromptDataSource.from_args(args)))
+    assert time.monotonic() - started < 10
     assert [engine_control.num_requests(url) for url in urls] == [0, 0]
 
 

@@ -302,7 +302,12 @@ def test_samples_to_train_data_masks_failed_samples_and_keeps_group_order():
     groups[0][0].rollout_log_probs = [-0.5]
     with pytest.raises(ValueError, match="sample 0 is inconsistent"):
         samples_to_train_data(groups, reward_key="acc")
+    groups[0][0].rollout_log_probs = None  # built by hand: no engine log-probs, no 0.0 placeholders
+    data = samples_to_train_data(groups, reward_key="acc")
+    assert data["rollout_log_prob_masks"] == [[0, 0], [1, 1], [1, 1], [1, 1]]
+    assert data["rollout_log_probs"][:2] == [[0.0, 0.0], [-0.5, -0.25]]
     for group in groups:  # a rollout that sampled nothing (SFT) has no engine log-probs at all
         for s in group:
             s.rollout_log_probs = None
-    assert "rollout_log_probs" not in samples_to_train_data(groups, reward_key="acc")
+    data = samples_to_train_data(groups, reward_key="acc")
+    assert "rollout_log_probs" not in data and "rollout_log_prob_masks" not in data

@@ -73,3 +73,39 @@ def test_an_engine_refusal_at_run_time_is_one_line_and_exit_1(tiny_models, tmp_p
         f"engine http://10.0.0.7:30000 refused /update_weights_from_distributed (HTTP 400): {message}; "
         "every process of the run was stopped"
     ]
+
+
+def test_a_rollout_error_from_the_rollout_actor_is_one_line_and_exit_1(
+    tiny_models, tmp_path, monkeypatch, caplog
+):
+    """A ``RolloutError`` reaches the driver inside Ray's task error (whose text is the actor's
+    traceback); the user sees the rollout's own line."""
+    import ray
+
+    from slime.cli import run_entry_point
+    from slime.rollout.errors import RolloutError
+
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps({"input": "abc", "label": "cba"}) + "\n")
+    argv = [*model_args(), "--hf-checkpoint", str(tiny_models["qwen2"]), "--prompt-data", str(data)]
+    argv += ["--lr", "1e-5", "--rollout-batch-size", "1", "--rollout-num-gpus", "1", "--num-rollout", "1"]
+    monkeypatch.setattr(sys, "argv", ["train.py", *argv])
+    message = "--custom-generate-function-path my.gen returned sample 3 still pending"
+
+    def failed(args) -> None:
+        cause = RolloutError(message)
+        raise ray.exceptions.RayTaskError(
+            "generate", "Traceback (most recent call last): ...", cause
+        ).as_instanceof_cause()
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_entry_point(failed)
+    assert exit_info.value.code == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert errors == [f"{message}; every process of the run was stopped"]
+
+    def other(args) -> None:
+        raise ray.exceptions.RayTaskError("generate", "Traceback ...", KeyError("x")).as_instanceof_cause()
+
+    with pytest.raises(ray.exceptions.RayTaskError):  # anything else keeps its traceback
+        run_entry_point(other)

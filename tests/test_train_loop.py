@@ -21,6 +21,7 @@ import ray
 import torch
 from conftest import REPO, model_args
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from text_form_generate import write_chat_prompts
 
 from slime.config import parse_args
 from slime.utils.http import get_json, post_json_sync
@@ -205,6 +206,30 @@ def test_num_epoch_alone_sets_the_number_of_rollouts_from_the_data(tiny_models, 
     assert [step for step, _ in scalars["train/loss"]] == [0, 1]
     lrs = [value for _, value in scalars["train/lr"]]
     assert lrs == pytest.approx([5e-5, 0.0])  # after each step of a linear decay from 1e-4 over 2 steps
+
+
+def test_a_text_form_generate_trains_and_evaluates(tiny_models, tmp_path):
+    """The usage guide's custom generate (text to the router, ``sample.response`` set, no tokens) with
+    chat prompts and a custom reward: before, its samples never finished and rollout 0 drew prompts
+    until killed; now it trains (no engine log-probs, so no mismatch metrics) and evaluates."""
+    prompts, tb = write_chat_prompts(tmp_path / "chat.jsonl"), tmp_path / "tb"
+    flags = loop_flags(tiny_models["qwen2"], prompts, "--tb-dir", str(tb), "--rollout-temperature", "0.7")
+    for flag in ("--rm-type", "--num-rollout", "--rollout-batch-size"):
+        at = flags.index(flag)
+        del flags[at : at + 2]
+    plugins = REPO / "tests/text_form_generate.py"
+    flags += [
+        "--input-key", "messages", "--num-rollout", "1", "--rollout-batch-size", "2",
+        "--custom-generate-function-path", f"{plugins}:text_generate",
+        "--custom-rm-path", f"{plugins}:first_letter_reward",
+        "--eval-prompt-data", "chat", str(prompts), "--eval-input-key", "messages", "--eval-interval", "1",
+    ]  # fmt: skip
+    run_train(flags)
+    scalars = read_events(tb)
+    assert [step for step, _ in scalars["train/loss"]] == [0]
+    assert scalars["train/ppo_kl"][0][1] < 1e-6 and scalars["train/grad_norm"][0][1] > 0
+    assert "train/train_rollout_logprob_abs_diff" not in scalars
+    assert [step for step, _ in scalars["eval/chat"]] == [-1, 0]
 
 
 def test_ctrl_c_stops_every_process_of_the_run(tiny_models, reverse_task):

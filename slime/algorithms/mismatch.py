@@ -77,3 +77,24 @@ def training_temperature(rollout_temperature: float) -> float:
     samples it as top-k 1 at temperature 1 and reports the log-probs of that unscaled distribution.
     """
     return rollout_temperature if rollout_temperature > 0 else 1.0
+
+
+ROLLOUT_LOGPROB_COVERAGE = "rollout_logprob_coverage"
+"""Metric: the (loss-weighted) share of trained tokens whose engine log-prob is known."""
+MISMATCH_KEYS = ("train_rollout_logprob_abs_diff", "train_rollout_kl", "train_rollout_tis_clipfrac")
+
+
+def per_scored_token(metrics: dict[str, float]) -> dict[str, float]:
+    """The mismatch metrics as means over the tokens the engine scored rather than over every trained
+    token: the loss aggregates them over scored tokens only, so they are divided by the coverage
+    after the reduction over micro-batches and ranks; at coverage 0 they are left out (nothing was
+    measured). Without a coverage (no rollout log-probs, or a custom loss) ``metrics`` is returned as
+    it is."""
+    coverage = metrics.get(ROLLOUT_LOGPROB_COVERAGE)
+    if coverage is None:
+        return metrics
+    return {
+        key: value / coverage if key in MISMATCH_KEYS else value
+        for key, value in metrics.items()
+        if coverage > 0 or key not in MISMATCH_KEYS
+    }

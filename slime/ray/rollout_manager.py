@@ -37,6 +37,7 @@ from ray.util.placement_group import PlacementGroup
 
 from slime.ray.engines import DEFAULT_START_TIMEOUT_S, EnginePool
 from slime.rollout.data_source import DataSource, load_prompts, load_tokenizer, make_data_source
+from slime.rollout.errors import RolloutError
 from slime.rollout.output import RolloutOutput
 from slime.rollout.router import Router
 from slime.rollout.sample import Sample
@@ -61,24 +62,27 @@ def samples_to_train_data(groups: list[list[Sample]], reward_key: str | None = N
 
     ``rewards`` is the scalar that trains (``--reward-key`` picks it from a dict); ``raw_rewards`` is
     what the reward function returned (a number or a dict), kept for logging; ``weight_versions`` are
-    the engine weight versions each sample was generated with (the loops log staleness from them). A
+    the engine weight versions each sample was generated with (the loops log staleness from them).
+    ``rollout_log_prob_masks`` are 0 for a response without engine log-probs (built by hand, or text
+    tokenized after the fact): TIS, MIS and the mismatch metrics leave its tokens out. A
     FAILED sample (its reward could not be computed) keeps its place, so group shapes hold, but its
     loss mask is all zeros and ``valid_rewards`` is False: nothing is learned from a reward that does
     not exist, and its placeholder 0.0 stays out of its group's mean and std.
     """
     samples = [sample for group in groups for sample in group]
-    # Rollouts that sample nothing (SFT) have no engine log-probs: then the key is left out, so
+    # Rollouts that sample nothing (SFT) have no engine log-probs: then the keys are left out, so
     # that a present key always means one log-prob per response token.
     with_log_probs = any(sample.rollout_log_probs is not None for sample in samples)
     keys = ["tokens", "response_lengths", "loss_masks", "rewards", "raw_rewards", "sample_indices"]
     keys += ["weight_versions", "valid_rewards"]
-    data: dict[str, list] = {key: [] for key in [*keys, *(["rollout_log_probs"] if with_log_probs else [])]}
+    if with_log_probs:
+        keys += ["rollout_log_probs", "rollout_log_prob_masks"]
+    data: dict[str, list] = {key: [] for key in keys}
     for sample in samples:
         n = sample.response_length
         mask = list(sample.loss_mask) if sample.loss_mask is not None else [1] * n
         log_probs = sample.rollout_log_probs
-        bad_log_probs = with_log_probs and (log_probs is None or len(log_probs) != n)
-        if len(mask) != n or bad_log_probs or len(sample.tokens) <= n:
+        if len(mask) != n or (log_probs is not None and len(log_probs) != n) or len(sample.tokens) <= n:
             raise ValueError(
                 f"sample {sample.index} is inconsistent: {len(sample.tokens)} tokens, response_length {n}, "
                 f"{len(mask)} loss-mask entries, "
@@ -96,8 +100,24 @@ def samples_to_train_data(groups: list[list[Sample]], reward_key: str | None = N
         data["weight_versions"].append(list(sample.weight_versions))
         data["valid_rewards"].append(sample.status != Sample.Status.FAILED)
         if with_log_probs:
-            data["rollout_log_probs"].append(list(log_probs))
+            known = log_probs is not None
+            data["rollout_log_probs"].append(list(log_probs) if known else [0.0] * n)
+            data["rollout_log_prob_masks"].append([int(known)] * n)
     return data
+
+
+def require_rollout_log_probs(args: argparse.Namespace, groups: list[list[Sample]]) -> None:
+    """``--use-rollout-logprobs`` takes the engine's log-probs as the old policy's: a trained sample
+    without them (its response built by hand or from text) would be trained against placeholders."""
+    samples = [sample for group in groups for sample in group]
+    missing = [s.index for s in samples if s.rollout_log_probs is None and s.response_length]
+    if args.use_rollout_logprobs and missing:
+        raise RolloutError(
+            f"--use-rollout-logprobs: {len(missing)} samples have no engine log-probs (e.g. sample "
+            f"{missing[0]}; --custom-generate-function-path {args.custom_generate_function_path} built "
+            "its response without slime.rollout.generate_utils.append_model_turn); drop the flag to "
+            "recompute the old log-probs in the trainer"
+        )
 
 
 def rollout_metrics(
@@ -217,6 +237,7 @@ class RolloutManager:
     def generate(self, rollout_id: int) -> dict[str, Any]:
         """One rollout as train data (per-sample lists) with its metrics under ``"metrics"``."""
         output, seconds = self.rollout_fn(self.args, rollout_id, self.data_source)
+        require_rollout_log_probs(self.args, output.groups)
         data: dict[str, Any] = samples_to_train_data(output.groups, self.args.reward_key)
         metrics = rollout_metrics(output.groups, seconds, self.args.reward_key)
         data[METRICS_KEY] = {**metrics, **output.metrics}

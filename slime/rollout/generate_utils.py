@@ -19,6 +19,10 @@ the trainer scores it without re-tokenizing anything (text -> ids does not round
             append_env_output(sample, env_token_ids(args, run_tool(turn.text)), run_tool(turn.text))
         return sample
 
+A generate function may instead set ``sample.response`` alone (text, no tokens): ``complete_generated``
+tokenizes it afterwards and it trains without engine log-probs (the retokenized ids may differ from
+the ones the engine sampled, which is why the token form is preferred).
+
 ``generate_turn`` posts to the router of ``args`` (``args.sglang_router_ip``/``port``) on the rollout's
 shared HTTP session, and once the rollout aborts (over-sampling finished, a weight update) it answers
 ABORTED at once without sending anything, so loops end promptly.
@@ -39,6 +43,7 @@ from typing import Any
 import aiohttp
 
 from slime.rollout.data_source import load_tokenizer, render_chat
+from slime.rollout.errors import RolloutError
 from slime.rollout.sample import Sample
 from slime.utils.http import post_json
 
@@ -197,10 +202,16 @@ async def generate_turn(
 
 
 def _check_response(sample: Sample) -> None:
+    """Fills what a response built by hand may lack before more is appended to it.
+
+    Its loss mask becomes all ones (policy tokens). Its rollout log-probs stay ``None``: the engine's
+    log-probs of those tokens are unknown, and a placeholder would be taken for a real one by TIS, MIS
+    and the mismatch metrics. Such a sample keeps no rollout log-probs for its later turns either.
+    """
     if sample.loss_mask is None:
-        sample.loss_mask = [1] * sample.response_length  # a response built by hand, all policy tokens
-    if sample.rollout_log_probs is None:
-        sample.rollout_log_probs = [0.0] * sample.response_length
+        sample.loss_mask = [1] * sample.response_length
+    if sample.rollout_log_probs is None and sample.response_length == 0:
+        sample.rollout_log_probs = []
 
 
 def append_model_turn(sample: Sample, turn: Turn) -> None:
@@ -211,7 +222,8 @@ def append_model_turn(sample: Sample, turn: Turn) -> None:
     sample.response += turn.text
     sample.response_length += len(turn.output_ids)
     sample.loss_mask += [1] * len(turn.output_ids)
-    sample.rollout_log_probs += turn.log_probs
+    if sample.rollout_log_probs is not None:
+        sample.rollout_log_probs += turn.log_probs
     if turn.output_ids:  # a turn that sampled nothing (aborted at once, no budget) holds no tokens to track
         sample.weight_versions.append(turn.weight_version)
         sample.turn_spans.append((start, sample.response_length))
@@ -219,13 +231,44 @@ def append_model_turn(sample: Sample, turn: Turn) -> None:
 
 
 def append_env_output(sample: Sample, token_ids: list[int], text: str) -> None:
-    """Appends environment output (tool result, user turn): loss mask 0, log-prob 0.0 placeholders."""
+    """Appends environment output (tool result, user turn): loss mask 0, log-prob 0.0 placeholders
+    (never read: every use of rollout log-probs is weighted by the loss mask)."""
     _check_response(sample)
     sample.tokens += token_ids
     sample.response += text
     sample.response_length += len(token_ids)
     sample.loss_mask += [0] * len(token_ids)
-    sample.rollout_log_probs += [0.0] * len(token_ids)
+    if sample.rollout_log_probs is not None:
+        sample.rollout_log_probs += [0.0] * len(token_ids)
+
+
+def complete_generated(args: argparse.Namespace, sample: Sample, plugin: str) -> None:
+    """Checks a sample ``--custom-generate-function-path`` returned, completing the text form.
+
+    The text form sets ``response`` and leaves the response tokens out (a generate that posts ``text``
+    to the router): its response is tokenized after the prompt's ids, trained with loss mask 1 and no
+    rollout log-probs, and marked COMPLETED unless the plugin set another finished status. A sample
+    still PENDING otherwise would never be scored and its prompt group never finish, so it raises
+    ``RolloutError`` naming the plugin and what it must set.
+    """
+    text_form = sample.response_length == 0 and bool(sample.response)
+    if text_form and (sample.status == Sample.Status.PENDING or sample.finished):
+        start_sample(args, sample)
+        response_ids = env_token_ids(args, sample.response)
+        sample.tokens += response_ids
+        sample.response_length = len(response_ids)
+        sample.loss_mask = [1] * len(response_ids)
+        sample.rollout_log_probs = None
+        if sample.status == Sample.Status.PENDING:
+            sample.status = Sample.Status.COMPLETED
+    if sample.status == Sample.Status.PENDING:
+        raise RolloutError(
+            f"--custom-generate-function-path {plugin} returned sample {sample.index} still pending "
+            f"({sample.response_length} response tokens, {len(sample.response)} characters of response "
+            "text): set sample.response to the response text, or append its tokens with "
+            "slime.rollout.generate_utils.append_model_turn, and set sample.status (completed, "
+            "truncated, aborted or failed)"
+        )
 
 
 def mask_offpolicy_turns(sample: Sample) -> int:

@@ -40,10 +40,12 @@ from tqdm import tqdm
 
 from slime.rollout import engine_control
 from slime.rollout.data_source import DataSource
+from slime.rollout.errors import RolloutError
 from slime.rollout.filters import FilterResult, as_filter_result
 from slime.rollout.generate_utils import (
     RolloutContext,
     append_model_turn,
+    complete_generated,
     generate_turn,
     mask_offpolicy_turns,
     parse_reply,
@@ -116,8 +118,8 @@ class RolloutClient:
         num_engines = max(1, (args.rollout_num_gpus or 1) // args.rollout_num_gpus_per_engine)
         concurrency = args.sglang_server_concurrency * num_engines
         self.semaphore = asyncio.Semaphore(concurrency)
-        custom = args.custom_generate_function_path
-        self.generate: GenerateFn = load_function(custom) if custom else default_generate
+        self.plugin = args.custom_generate_function_path
+        self.generate: GenerateFn = load_function(self.plugin) if self.plugin else default_generate
         # No total timeout: a long generation is not an error; a dead engine is the router's to report.
         self.context = RolloutContext(
             aiohttp.ClientSession(
@@ -152,7 +154,11 @@ class RolloutClient:
                     return [sample]
                 result = await self.generate(args, sample, dict(params))
             progress.update(1)
-            return result if isinstance(result, list) else [result]
+            samples = result if isinstance(result, list) else [result]
+            if self.plugin:
+                for returned in samples:
+                    complete_generated(args, returned, self.plugin)
+            return samples
 
         done = [s for samples in await asyncio.gather(*(one(sample) for sample in group)) for s in samples]
         if all(sample.finished for sample in done):
@@ -244,8 +250,28 @@ def _return_to_source(args: argparse.Namespace, data_source: DataSource, groups:
     return partial
 
 
-# A filter that has kept nothing after this many times the batch would keep nothing ever.
-_MAX_DROPPED_BEFORE_FIRST_KEPT = 20
+# A rollout that drew this many times its batch (or over-sampling batch) of prompt groups without
+# reaching it would draw without end: a filter keeping under 1 group in 20, or groups that never finish.
+MAX_DRAWS_PER_BATCH = 20
+
+
+def _endless_draws(
+    args: argparse.Namespace,
+    rollout_id: int,
+    drawn: int,
+    kept: int,
+    dropped: collections.Counter[str],
+    unfinished: list[list[Sample]],
+) -> RolloutError:
+    """The error of a rollout that reached the draw bound, saying where its groups went."""
+    statuses = collections.Counter(s.status.value for group in unfinished for s in group if not s.finished)
+    return RolloutError(
+        f"rollout {rollout_id} drew {drawn} prompt groups for a batch of {args.rollout_batch_size} and "
+        f"kept {kept}: {sum(dropped.values())} dropped by --dynamic-sampling-filter-path "
+        f"{args.dynamic_sampling_filter_path} ({dict(dropped)}), {len(unfinished)} came back unfinished "
+        f"(samples {dict(statuses)}); it would draw prompts forever: check the filter, the reward, the "
+        "generate function or the data"
+    )
 
 
 async def sample_rollout(args: argparse.Namespace, rollout_id: int, data_source: DataSource) -> RolloutOutput:
@@ -262,17 +288,20 @@ async def sample_rollout(args: argparse.Namespace, rollout_id: int, data_source:
     order: dict[asyncio.Task, int] = {}
     pending: set[asyncio.Task] = set()
     finished_groups = abort_s = 0.0
+    draw_limit = MAX_DRAWS_PER_BATCH * max(target, args.over_sampling_batch_size or 0)
     bar = tqdm(total=0, desc=f"rollout {rollout_id}", unit="sample", mininterval=1.0)
     try:
         with rollout_context(client.context):
             while len(kept) < target:
-                if len(kept) + len(pending) < target:
+                if len(kept) + len(pending) < target and len(order) < draw_limit:
                     for group in data_source.get_samples(args.over_sampling_batch_size):
                         bar.total += len(group)
                         task = asyncio.ensure_future(client.generate_group(group, params, bar))
                         order[task], pending = len(order), pending | {task}
+                if not pending and len(order) >= draw_limit:  # raised once no request is left running
+                    raise _endless_draws(args, rollout_id, len(order), len(kept), dropped, unfinished)
                 if not pending:
-                    raise RuntimeError(f"the data source returned no prompt groups in rollout {rollout_id}")
+                    raise RolloutError(f"the data source returned no prompt groups in rollout {rollout_id}")
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for task in sorted(done, key=order.__getitem__):
                     group = task.result()
@@ -285,12 +314,6 @@ async def sample_rollout(args: argparse.Namespace, rollout_id: int, data_source:
                         kept.append((order[task], group))
                     else:
                         dropped[verdict.reason or "filtered"] += 1
-                if not kept and sum(dropped.values()) >= _MAX_DROPPED_BEFORE_FIRST_KEPT * target:
-                    raise RuntimeError(
-                        f"--dynamic-sampling-filter-path {args.dynamic_sampling_filter_path} dropped all "
-                        f"{sum(dropped.values())} groups of rollout {rollout_id} ({dict(dropped)}); it would "
-                        "draw prompts forever: check the filter, the reward or the data"
-                    )
             if pending:
                 start = time.perf_counter()
                 unfinished += await client.abort(pending)
@@ -353,6 +376,12 @@ def eval_rollout(
         desc = f"eval {name} @ rollout {rollout_id}"
         done = asyncio.run(generate_groups(args, groups, router_url(args), desc=desc, evaluation=True))
         samples = [sample for group in done for sample in group]
+        unscored = [sample for sample in samples if not sample.finished]
+        if unscored:
+            raise RolloutError(
+                f"evaluation set {name!r}: {len(unscored)} samples came back unfinished (e.g. sample "
+                f"{unscored[0].index}, status {unscored[0].status.value}) and cannot be scored"
+            )
         n = len(samples)
         truncated = sum(s.status == Sample.Status.TRUNCATED for s in samples)
         metrics[f"eval/{name}"] = sum(s.reward_value(args.reward_key) for s in samples) / n

@@ -36,7 +36,7 @@ from slime.algorithms.losses import (
     sft_loss,
     truncated_is_weights,
 )
-from slime.algorithms.mismatch import masked_is_weights, mismatch_token_metrics
+from slime.algorithms.mismatch import ROLLOUT_LOGPROB_COVERAGE, masked_is_weights, mismatch_token_metrics
 from slime.backends.megatron.batching import MicroBatch
 
 LossFn = Callable[[MicroBatch, list[torch.Tensor], list[torch.Tensor] | None], tuple[torch.Tensor, dict]]
@@ -84,6 +84,29 @@ def policy_token_losses(args: argparse.Namespace) -> Callable[..., tuple]:
     return lambda lp, old, adv, mask: ppo_clip_loss(lp, old, adv, low, high, dual)
 
 
+def rollout_log_probs_of(
+    batch: MicroBatch, device: torch.device
+) -> tuple[list[torch.Tensor] | None, list[torch.Tensor] | None]:
+    """The engine's log-probs per sample and 1.0 where they are known (None, None when the rollout has
+    none). A train-data dump from before ``rollout_log_prob_masks`` existed counts as all known."""
+    if "rollout_log_probs" not in batch.samples:
+        return None, None
+    rollout = batch.per_sample("rollout_log_probs", device)
+    if "rollout_log_prob_masks" not in batch.samples:
+        return rollout, [torch.ones_like(r) for r in rollout]
+    return rollout, batch.per_sample("rollout_log_prob_masks", device)
+
+
+def only_known(
+    weights_and_flags: tuple[torch.Tensor, torch.Tensor], known: torch.Tensor, unknown_flag: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Importance weight 1 and ``unknown_flag`` (TIS: 0, not clipped; MIS: 1, kept) where the
+    engine's log-prob is unknown: a response built without them is trained as on-policy, not with a
+    ratio against a placeholder."""
+    weights, flags = weights_and_flags
+    return torch.where(known > 0, weights, 1.0), torch.where(known > 0, flags, unknown_flag)
+
+
 def make_policy_loss_fn(args: argparse.Namespace) -> LossFn:
     """Clipped policy loss (PPO / dual-clip PPO, GSPO or CISPO by ``--advantage-estimator``) with optional
     truncated or masked importance sampling, KL-to-reference and entropy terms. Needs per-sample
@@ -102,24 +125,26 @@ def make_policy_loss_fn(args: argparse.Namespace) -> LossFn:
         ]
         token_loss = [p[0] for p in parts]
         metrics = {}
+        rollout, known = rollout_log_probs_of(batch, device)
+        if (args.use_tis or args.use_mis) and rollout is None:
+            flag = "--use-tis" if args.use_tis else "--use-mis"
+            raise KeyError(f"{flag} needs the engine's rollout_log_probs in the train data")
         if args.use_tis:
-            if "rollout_log_probs" not in batch.samples:
-                raise KeyError("--use-tis needs the engine's rollout_log_probs in the train data")
-            rollout = batch.per_sample("rollout_log_probs", device)
             tis = [
-                truncated_is_weights(o, r, args.tis_clip_low, args.tis_clip)
-                for o, r in zip(old, rollout, strict=True)
+                only_known(truncated_is_weights(o, r, args.tis_clip_low, args.tis_clip), k, 0.0)
+                for o, r, k in zip(old, rollout, known, strict=True)
             ]
             token_loss = [loss * w for loss, (w, _) in zip(token_loss, tis, strict=True)]
             metrics["tis"] = weighted_token_sum([w for w, _ in tis], masks, weights)
             metrics["tis_clipfrac"] = weighted_token_sum([c for _, c in tis], masks, weights)
         if args.use_mis:
-            if "rollout_log_probs" not in batch.samples:
-                raise KeyError("--use-mis needs the engine's rollout_log_probs in the train data")
-            rollout = batch.per_sample("rollout_log_probs", device)
             mis = [
-                masked_is_weights(o, r, m, args.mis_level, args.mis_lower_bound, args.mis_upper_bound)
-                for o, r, m in zip(old, rollout, masks, strict=True)
+                only_known(
+                    masked_is_weights(o, r, m, args.mis_level, args.mis_lower_bound, args.mis_upper_bound),
+                    k,
+                    1.0,
+                )
+                for o, r, m, k in zip(old, rollout, masks, known, strict=True)
             ]
             token_loss = [loss * w for loss, (w, _) in zip(token_loss, mis, strict=True)]
             metrics["mis"] = weighted_token_sum([w for w, _ in mis], masks, weights)
@@ -137,14 +162,15 @@ def make_policy_loss_fn(args: argparse.Namespace) -> LossFn:
             kl_loss = weighted_token_sum(kl, masks, weights)
             metrics["kl_loss"] = kl_loss.detach()
             loss = loss + args.kl_loss_coef * kl_loss
-        if "rollout_log_probs" in batch.samples:
-            rollout = batch.per_sample("rollout_log_probs", device)
+        if rollout is not None:
+            scored = [m * k for m, k in zip(masks, known, strict=True)]
+            metrics[ROLLOUT_LOGPROB_COVERAGE] = weighted_token_sum(known, masks, weights)
             per_token = [
                 mismatch_token_metrics(lp, r, args.tis_clip_low, args.tis_clip)
                 for lp, r in zip(log_probs, rollout, strict=True)
             ]
             for key in per_token[0] if per_token else ():
-                metrics[key] = weighted_token_sum([t[key] for t in per_token], masks, weights)
+                metrics[key] = weighted_token_sum([t[key] for t in per_token], scored, weights)
         return loss, metrics
 
     return policy_loss_fn

@@ -20,7 +20,7 @@ from megatron.core import parallel_state as mpu
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-from slime.algorithms.mismatch import training_temperature
+from slime.algorithms.mismatch import per_scored_token, training_temperature
 from slime.backends.megatron import checkpoint
 from slime.backends.megatron.batching import (
     MicroBatch,
@@ -289,7 +289,7 @@ class MegatronTrainer:
         if updated:
             self.scheduler.step(increment=1)
         self.step += 1
-        metrics = self._reduce_metrics(stored)
+        metrics = per_scored_token(self._reduce_metrics(stored))
         metrics["grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
         metrics["lr"] = self.optimizer.param_groups[0]["lr"]
         metrics["skipped"] = float(not updated)

@@ -262,3 +262,37 @@ def test_qwen2_moe_with_a_gated_shared_expert_matches_transformers_at_tp2(ray_cl
     diff = max((a - b).abs().max().item() for a, b in zip(ours, hf_logprobs(model, data), strict=True))
     print(f"Qwen2-MoE: max |log-prob(Megatron) - log-prob(transformers)| = {diff:.3g}")
     assert diff <= 1e-4
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_expert_parallel_2_pushes_every_tensor_once_to_every_engine(ray_cluster, moe_model, reverse_task):
+    """EP = 2 over DP = 2 (each rank holds two of the four experts): both ranks gather the experts but
+    only data-parallel rank 0 opens the weight-update group and broadcasts. Before, both ranks did,
+    under one group name, and the push could not complete."""
+    import ray
+    from test_train_loop import engine_weights_equal
+
+    from slime.ray.session import TrainingSession
+    from slime.utils.http import get_json
+
+    flags = [
+        *model_args("tiny-qwen3-moe.sh"), "--hf-checkpoint", str(moe_model),
+        "--prompt-data", str(reverse_task), "--label-key", "label", "--rm-type", "exact",
+        "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "4",
+        "--rollout-num-gpus", "2", "--actor-num-gpus-per-node", "2", "--micro-batch-size", "2",
+        "--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall",
+        "--lr", "1e-3", "--num-rollout", "1", "--update-weight-buffer-size", str(64 * 1024),
+    ]  # fmt: skip
+    with TrainingSession(parse_args(flags)) as session:
+        data = ray.get(session.rollout.generate.remote(0))
+        data.pop("metrics")
+        session.trainer.train(data)
+        pushed = session.push_weights()
+        expected = session.trainer.hf_state_dict()
+        assert any(".mlp.experts.3.down_proj." in name for name in expected)
+        # One sender: the bytes of every tensor once (two senders would count them twice).
+        assert pushed["update_weights_bytes"] == sum(t.numel() * t.element_size() for t in expected.values())
+        for url in ray.get(session.rollout.engine_urls.remote()):
+            assert get_json(f"{url}/model_info")["weight_version"] == str(session.weight_version)
+            engine_weights_equal(url, expected)

@@ -63,13 +63,19 @@ class DistributedWeightUpdater:
 
     @property
     def _in_sending_replica(self) -> bool:
-        if mpu.get_expert_model_parallel_world_size() > 1:
-            return True  # every rank holds experts the sender needs (iter_hf_weights all-gathers them)
+        """Whether this rank walks the weights: the sender's replica, or every rank under expert
+        parallelism (each holds experts the sender needs; ``iter_hf_weights`` all-gathers them)."""
+        return mpu.get_expert_model_parallel_world_size() > 1 or self._first_replica
+
+    @property
+    def _first_replica(self) -> bool:
         return mpu.get_data_parallel_rank() == 0 and mpu.get_context_parallel_rank() == 0
 
     @property
     def _is_sender(self) -> bool:
-        return self._in_sending_replica and mpu.get_tensor_model_parallel_rank() == 0
+        """Exactly one rank per pipeline stage, also under expert parallelism (where every data-parallel
+        replica's tensor-parallel rank 0 walks the weights too, but must not open or broadcast)."""
+        return self._first_replica and mpu.get_tensor_model_parallel_rank() == 0
 
     def connect(self, engine_urls: list[str], ranks_per_engine: int) -> None:
         """Opens this stage's group with every engine; both sides block until all have joined."""

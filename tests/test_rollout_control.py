@@ -27,14 +27,20 @@ from tqdm import tqdm
 
 from examples.multi_turn_tool.calculator import tool_reply
 from slime.config import parse_args
-from slime.ray.rollout_manager import samples_to_train_data
+from slime.ray.rollout_manager import rollout_metrics, samples_to_train_data
 from slime.rollout import engine_control
 from slime.rollout.data_source import PromptDataSource
 from slime.rollout.errors import RolloutError
 from slime.rollout.filters import FilterResult
 from slime.rollout.generate_utils import cached_tokenizer, prompt_ids, rollout_context
 from slime.rollout.sample import Sample
-from slime.rollout.sglang_rollout import RolloutClient, generate_rollout, sample_rollout, sampling_params
+from slime.rollout.sglang_rollout import (
+    RolloutClient,
+    generate_groups,
+    generate_rollout,
+    sample_rollout,
+    sampling_params,
+)
 from slime.utils.http import get_json, post_json_sync
 
 pytestmark = pytest.mark.e2e
@@ -328,3 +334,28 @@ def test_partial_rollout_resumes_aborted_samples_as_the_concatenation_of_both_pa
             assert sample.loss_mask == [0] * n1 + [1] * (sample.response_length - n1)
             masked += n1
     assert masked > 0 and second.metrics["rollout/offpolicy_masked_tokens"] == masked
+
+
+def test_max_new_tokens_is_capped_to_the_engines_context_length(rollout, tiny_models):
+    """Prompts of 508 and 600 tokens on engines of context 512 with a budget of 64: before, each was
+    an HTTP 400 that stopped the run. Now the first gets the tokens that fit (TRUNCATED), the
+    second none (TRUNCATED without a request), and both are counted."""
+    _, urls, router_url = rollout
+    assert engine_control.context_length(urls) == 512  # GET /v1/models max_model_len
+    args = control_args(tiny_models["qwen2"], router_url, "--rollout-batch-size", "2")
+    tokenizer = cached_tokenizer(args.hf_checkpoint)
+    short = tokenizer("a", add_special_tokens=False)["input_ids"]
+    groups = [
+        [Sample(group_index=g, index=2 * g + i, tokens=short * n, label="x") for i in range(2)]
+        for g, n in enumerate((508 // len(short), 600 // len(short)))
+    ]
+    prompt_lengths = [len(group[0].tokens) for group in groups]
+    assert prompt_lengths[0] <= 508 and prompt_lengths[1] >= 512
+    output = asyncio.run(generate_groups(args, groups, router_url))
+    fitted, overlong = output
+    # SGLang's scheduler keeps max_new_tokens <= context - input - 2 (init_req_max_new_tokens)
+    assert all(s.response_length == 512 - prompt_lengths[0] - 2 for s in fitted)
+    assert all(s.response_length == 0 and s.rollout_log_probs == [] for s in overlong)
+    for sample in (*fitted, *overlong):
+        assert sample.status is Sample.Status.TRUNCATED and sample.metadata["context_capped"]
+    assert rollout_metrics(output, 1.0)["rollout/context_capped_samples"] == 4.0

@@ -197,6 +197,7 @@ RELEVANT = {
     "/update_weights_from_tensor", "/update_weights_from_disk", "/get_weights_by_name",
     "/update_weight_version", "/release_memory_occupation", "/resume_memory_occupation",
     "/begin_weight_update", "/end_weight_update", "/v1/loads", "/get_load", "/get_weight_version",
+    "/v1/models",
 }  # fmt: skip
 
 
@@ -230,3 +231,16 @@ def test_the_session_routes_take_post_only_so_the_probe_can_use_get() -> None:
     for path in ("/begin_weight_update", "/end_weight_update"):
         registrations = re.findall(rf"@app\.(\w+)\(\s*\"{path}\"", text)
         assert registrations == ["post"], (path, registrations)
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_v1_models_reports_the_context_length_the_rollout_caps_by(release: str) -> None:
+    """``slime.rollout.engine_control.context_length`` reads ``max_model_len`` of ``GET /v1/models``:
+    a field of the release's ``ModelCard``, filled from the context length its tokenizer manager
+    checks ``input + max_new_tokens`` against."""
+    root = source(release)
+    assert "max_model_len" in struct_fields(root / "entrypoints" / "openai" / "protocol.py")["ModelCard"]
+    text = (root / "entrypoints" / "http_server.py").read_text()
+    assert "max_model_len=_global_state.tokenizer_manager.model_config.context_len" in text
+    manager = (root / "managers" / "tokenizer_manager.py").read_text()
+    assert "(max_new_tokens + input_token_num) > _max_req_len" in manager

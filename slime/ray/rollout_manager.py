@@ -137,6 +137,7 @@ def rollout_metrics(
         "rollout/truncated_ratio": ratio(Sample.Status.TRUNCATED),
         "rollout/aborted_ratio": ratio(Sample.Status.ABORTED),
         "rollout/failed_ratio": ratio(Sample.Status.FAILED),
+        "rollout/context_capped_samples": float(sum(bool(s.metadata.get("context_capped")) for s in samples)),
         "perf/generation_time": seconds,
         "perf/tokens_per_sec": tokens / seconds if seconds > 0 else 0.0,
         "rollout/raw_reward": sum(s.reward_value(reward_key) for s in samples) / n,

@@ -18,7 +18,7 @@ from typing import Any
 
 from slime.rollout.router import list_workers
 from slime.utils.engine_api import engine_api
-from slime.utils.http import get_json, post_json_sync
+from slime.utils.http import HttpError, get_json, post_json_sync
 
 DEFAULT_IDLE_TIMEOUT_S = 60.0
 
@@ -26,6 +26,23 @@ DEFAULT_IDLE_TIMEOUT_S = 60.0
 def engine_urls(router_url: str) -> list[str]:
     """The engines the router routes to right now."""
     return [worker["url"] for worker in list_workers(router_url)]
+
+
+def context_length(urls: list[str]) -> int | None:
+    """The smallest context length of the engines at ``urls``: ``max_model_len`` of ``GET /v1/models``,
+    the limit SGLang's tokenizer manager checks ``prompt + max_new_tokens`` against (a request over
+    it is an HTTP 400; ``entrypoints/http_server.py`` ``available_models``, 0.5.19-0.5.23). None when
+    no engine reports one (a server without the route)."""
+
+    def one(url: str) -> int | None:
+        try:
+            cards = get_json(f"{url}/v1/models")["data"]
+        except HttpError:
+            return None
+        lengths = [card["max_model_len"] for card in cards if card.get("max_model_len")]
+        return min(lengths, default=None)
+
+    return min((n for n in _each(one, urls) if n is not None), default=None)
 
 
 def _each(fn: Any, urls: list[str]) -> list[Any]:

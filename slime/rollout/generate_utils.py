@@ -64,6 +64,8 @@ class Turn:
     status: Sample.Status
     weight_version: str
     finish_reason: dict[str, Any] = field(default_factory=dict)
+    context_capped: bool = False
+    """``max_new_tokens`` was cut to what the engine's context length left after the input."""
 
 
 @dataclass
@@ -78,6 +80,8 @@ class RolloutContext:
     """
 
     session: aiohttp.ClientSession
+    context_length: int | None = None
+    """The engines' context length: every request's ``max_new_tokens`` is capped to fit in it."""
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
     in_flight: set[str] = field(default_factory=set)
     prefix: str = field(default_factory=lambda: f"slime-{uuid.uuid4().hex[:12]}")
@@ -179,13 +183,21 @@ async def generate_turn(
 ) -> Turn:
     """One model turn on ``input_ids`` through the router (ABORTED without a request once the rollout aborts).
 
-    ``max_new_tokens`` <= 0 is answered TRUNCATED without a request: the budget is spent.
+    ``max_new_tokens`` <= 0 is answered TRUNCATED without a request: the budget is spent. Within a
+    rollout it is first capped to the engines' context length minus the input (SGLang answers a
+    request over it with HTTP 400, which would stop the run); a turn so capped is ``context_capped``,
+    and one whose input alone fills the context is answered TRUNCATED without a request.
     """
     context = _CONTEXT.get()
     if context is not None and context.aborted.is_set():
         return Turn([], [], "", Sample.Status.ABORTED, "", {"type": "abort"})
+    capped = False
+    if context is not None and context.context_length is not None:
+        room = context.context_length - len(input_ids)
+        if room < sampling_params["max_new_tokens"]:
+            sampling_params, capped = {**sampling_params, "max_new_tokens": max(room, 0)}, True
     if sampling_params["max_new_tokens"] <= 0:
-        return Turn([], [], "", Sample.Status.TRUNCATED, "", {"type": "length"})
+        return Turn([], [], "", Sample.Status.TRUNCATED, "", {"type": "length"}, context_capped=capped)
     if index is not None and "sampling_seed" not in sampling_params:
         sampling_params = {**sampling_params, "sampling_seed": sampling_seed(args, index, len(input_ids))}
     payload = {"input_ids": list(input_ids), "sampling_params": sampling_params, "return_logprob": True}
@@ -194,9 +206,11 @@ async def generate_turn(
         rid = payload["rid"] = context.new_rid()
         context.in_flight.add(rid)
         try:
-            return parse_reply(await post_json(context.session, url, payload), index)
+            turn = parse_reply(await post_json(context.session, url, payload), index)
         finally:
             context.in_flight.discard(rid)
+        turn.context_capped = capped
+        return turn
     async with aiohttp.ClientSession() as session:  # outside a rollout, e.g. a quick script
         return parse_reply(await post_json(session, url, payload), index)
 
@@ -228,6 +242,8 @@ def append_model_turn(sample: Sample, turn: Turn) -> None:
         sample.weight_versions.append(turn.weight_version)
         sample.turn_spans.append((start, sample.response_length))
     sample.status = turn.status
+    if turn.context_capped:
+        sample.metadata["context_capped"] = True
 
 
 def append_env_output(sample: Sample, token_ids: list[int], text: str) -> None:

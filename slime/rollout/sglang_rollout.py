@@ -125,7 +125,8 @@ class RolloutClient:
             aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=concurrency),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
-            )
+            ),
+            context_length=engine_control.context_length(engine_control.engine_urls(url)),
         )
 
     async def close(self) -> None:

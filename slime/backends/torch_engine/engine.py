@@ -129,7 +129,9 @@ class TorchEngine:
                 "Please reduce the number of tokens in the input messages or the completion to fit within "
                 "the limit."
             )
-        max_new = max(0, min(params.max_new_tokens, self.context_length - len(ids) - 1))
+        # The scheduler's own bound (init_req_max_new_tokens, 0.5.19-0.5.23): max_req_len - input - 1
+        # with max_req_len = context_length - 1.
+        max_new = max(0, min(params.max_new_tokens, self.context_length - len(ids) - 2))
         budget = self.args.max_total_tokens
         if budget is not None and len(ids) + max_new > budget:
             raise ProtocolError(
@@ -181,6 +183,21 @@ class TorchEngine:
             "model_type": getattr(config, "model_type", None),
             "architectures": getattr(config, "architectures", None),
         }
+
+    def models(self) -> dict[str, Any]:
+        """``/v1/models``: SGLang's ``ModelList`` of one ``ModelCard`` whose ``max_model_len`` is the
+        context length its tokenizer manager checks requests against (what clients cap by)."""
+        name = self.args.served_model_name or self.model_path
+        card = {
+            "id": name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "sglang",
+            "root": name,
+            "parent": None,
+            "max_model_len": self.context_length,
+        }
+        return {"object": "list", "data": [card]}
 
     def server_info(self) -> dict[str, Any]:
         info = dataclasses.asdict(self.args)

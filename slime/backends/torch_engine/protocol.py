@@ -29,7 +29,9 @@ Facts taken from SGLang 0.5.23 (`sglang/srt/entrypoints/http_server.py`, `manage
 - sampling_params defaults: max_new_tokens 128, temperature 1, top_p 1, top_k -1 (= whole vocab; 0 is
   rejected), min_p 0, min_new_tokens 0, skip_special_tokens True, no_stop_trim False. Temperature 0
   means greedy. A prompt of >= context_length tokens, or an explicit max_new_tokens that with the prompt
-  exceeds context_length, is a 400; an unset max_new_tokens is capped to context_length - prompt - 1.
+  exceeds context_length, is a 400 (tokenizer_manager.py); the scheduler then caps every
+  max_new_tokens to context_length - prompt - 2 (scheduler.py init_req_max_new_tokens, with
+  max_req_len = context_length - 1). GET /v1/models reports context_length as max_model_len.
 - abort_request `{"rid", "abort_all"}`: a rid acts only when it names a request the server knows,
   exactly (then the scheduler matches by prefix); aborted requests answer normally (HTTP 200) with
   what they produced and the abort finish_reason. pause_generation `{"mode"}`: abort (default) |

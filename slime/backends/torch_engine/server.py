@@ -232,6 +232,10 @@ async def get_model_info(request: web.Request) -> web.Response:
     return web.json_response(request.app[ENGINE].model_info())
 
 
+async def v1_models(request: web.Request) -> web.Response:
+    return web.json_response(request.app[ENGINE].models())
+
+
 async def get_server_info(request: web.Request) -> web.Response:
     return web.json_response(request.app[ENGINE].server_info())
 
@@ -447,6 +451,7 @@ ROUTES: list[tuple[tuple[str, ...], str, Handler]] = [
     (("GET",), "/get_server_info", get_server_info),
     (("GET",), "/server_info", get_server_info),
     (("GET",), "/v1/loads", v1_loads),
+    (("GET",), "/v1/models", v1_models),
     (("POST", "PUT"), "/generate", generate),
     (("POST",), "/abort_request", abort_request),
     (("POST",), "/pause_generation", pause_generation),

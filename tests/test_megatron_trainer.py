@@ -145,7 +145,12 @@ def test_sft_steps_lower_the_loss_and_dp2_matches_dp1(qwen2_group, tiny_models, 
     assert single[-1]["loss"] < 0.9 * single[0]["loss"]
     assert all(m["grad_norm"] > 0 and m["lr"] == pytest.approx(1e-3) for m in single)
 
-    group, _, pg = make_group(trainer_args(tiny_models["qwen2"], world=2, extra=["--save", str(tmp_path)]))
+    single_trained = qwen2_group.hf_state_dict()
+    # DP 2 with the distributed optimizer's all-gather left to the next forward (--overlap-param-gather):
+    # what is saved and exported right after the step must be the gathered weights, not a mix of this
+    # rank's new shard and the other rank's old one (before, they were: ~lr off in half the elements).
+    overlap = ["--save", str(tmp_path), "--overlap-param-gather"]
+    group, _, pg = make_group(trainer_args(tiny_models["qwen2"], world=2, extra=overlap))
     try:
         double = run_sft(group, 3)
         for a, b in zip(single, double, strict=True):
@@ -153,6 +158,8 @@ def test_sft_steps_lower_the_loss_and_dp2_matches_dp1(qwen2_group, tiny_models, 
             assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)
         assert group.save(3).endswith("iter_0000003")
         trained = group.hf_state_dict()
+        diff = max((trained[name] - tensor).abs().max().item() for name, tensor in single_trained.items())
+        assert diff <= 2e-4, diff
     finally:
         group.shutdown()
         remove_placement_group(pg)

@@ -232,7 +232,21 @@ class MegatronTrainer:
                 ordered[index] = log_prob
         return ordered
 
+    def _gather_params(self) -> None:
+        """Completes the parameter all-gather of the last optimizer step before parameters are read
+        outside a forward pass (push, checkpoint, export, reference snapshot).
+
+        With ``--overlap-param-gather`` the distributed optimizer updates only each rank's own shard
+        and leaves the all-gather to the forward pre-hooks of the next step, so until then a rank's
+        parameters mix its new shard with the others' old ones. A synchronous gather here is what
+        Megatron's own training loop does before it saves or evaluates.
+        """
+        if self.args.overlap_param_gather:
+            for chunk in self.model:
+                chunk.start_param_sync(force_sync=True)
+
     def _snapshot(self) -> list[torch.Tensor]:
+        self._gather_params()
         return [p.detach().to("cpu", copy=True) for chunk in self.model for p in chunk.parameters()]
 
     @torch.no_grad()
@@ -314,6 +328,7 @@ class MegatronTrainer:
 
     def iter_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """This pipeline stage's weights as full HF tensors (collective over tensor-parallel ranks)."""
+        self._gather_params()
         return iter_hf_weights(self.model, self.converter, gated=self.args.swiglu)
 
     def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
@@ -338,6 +353,7 @@ class MegatronTrainer:
         return write_hf_checkpoint(state, self.args.hf_checkpoint, directory)
 
     def save(self, directory: str, rollout_id: int) -> str:
+        self._gather_params()
         return checkpoint.save(directory, rollout_id, self.model, self.optimizer, self.scheduler, self.step)
 
     def load(self, directory: str) -> int | None:

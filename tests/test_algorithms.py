@@ -455,6 +455,7 @@ def _algorithm_args(**overrides) -> argparse.Namespace:
         tensor_model_parallel_size=1,
         pipeline_model_parallel_size=1,
         context_parallel_size=1,
+        sequence_parallel=False,
         use_dynamic_batch_size=False,
         global_batch_size=8,
         micro_batch_size=2,
@@ -479,6 +480,7 @@ def test_off_policy_and_critic_flags_are_checked():
         (dict(loss_type="custom_loss"), "--loss-type"),
         (dict(critic_num_gpus_per_node=3), "--critic-num-gpus-per-node"),  # 8 % (2 × 3)
         (dict(tensor_model_parallel_size=2, critic_num_gpus_per_node=1), "--critic-num-gpus-per-node"),
+        (dict(tensor_model_parallel_size=2, sequence_parallel=True), "--sequence-parallel"),  # value head
     ):
         with pytest.raises(ConfigError, match=flag):
             _check_critic(_algorithm_args(**bad))

@@ -517,13 +517,14 @@ def _check_parallelism(args: argparse.Namespace) -> None:
         raise ConfigError(
             "--num-query-groups", f"{groups} does not divide --num-attention-heads {heads}; use a divisor"
         )
-    if cp > 1 and args.transformer_impl != "transformer_engine":
-        # megatron-core's local DotProductAttention asserts context_parallel_size == 1; only TE's
-        # attention splits the sequence (ring attention), and TE needs a GPU.
+    if cp > 1:
+        # Megatron expects each context-parallel rank to get its load-balanced chunks of every sequence
+        # (and the log-probs and loss gathered back); slime's micro-batches are not split that way.
         raise ConfigError(
             "--context-parallel-size",
-            f"{cp} needs Transformer Engine attention, which the local layers (and so the CPU path) "
-            "lack; add --transformer-impl transformer_engine on GPUs, or use 1",
+            f"{cp} is not supported yet: slime does not split micro-batches across context-parallel "
+            "ranks, so each would train on whole sequences; use 1 (for long sequences: "
+            "--use-dynamic-batch-size --max-tokens-per-gpu N, --recompute-activations)",
         )
     if args.sequence_parallel and tp == 1:
         raise ConfigError(
@@ -686,6 +687,12 @@ def _check_critic(args: argparse.Namespace) -> None:
             flag,
             "--advantage-estimator ppo trains the policy on the critic's GAE; use --loss-type "
             "policy_loss without a custom advantage function",
+        )
+    if args.sequence_parallel:
+        raise ConfigError(
+            "--sequence-parallel",
+            "is not supported with --advantage-estimator ppo yet: the critic's value head would get "
+            "sequence-sharded hidden states; drop it (dense models run tensor parallelism without it)",
         )
     if args.value_clip <= 0:
         raise ConfigError("--value-clip", f"must be positive, got {args.value_clip}; e.g. 0.2")

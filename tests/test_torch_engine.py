@@ -459,6 +459,29 @@ def test_abort_of_a_queued_request_answers_as_sglangs_tokenizer_manager(engine):
         assert other["meta_info"]["completion_tokens"] == len(other["output_ids"])
 
 
+def test_abort_of_one_running_request_leaves_the_others_generating(engine):
+    """Aborting a request whose slot is not the last moves another request's KV row into it. Before,
+    that in-place write ran outside inference mode, raised, and ended the scheduler thread: every
+    request in flight then waited forever (found by the rollout's aborts by rid)."""
+    params = {"max_new_tokens": 64, "temperature": 0, "ignore_eos": True}
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        first = _start_long(engine, "first-of-three", pool)
+        others = [
+            pool.submit(generate, engine, rid=f"other-{i}", text="long", sampling_params=params)
+            for i in range(2)
+        ]
+        deadline = time.monotonic() + 30
+        while requests.get(f"{engine}/v1/loads").json()["loads"][0]["num_running_reqs"] < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        requests.post(f"{engine}/abort_request", json={"rid": "first-of-three"})  # slot 0 of 3
+        assert first.result(30)["meta_info"]["finish_reason"]["type"] == "abort"
+        for other in others:
+            reply = other.result(30)
+            assert reply["meta_info"]["finish_reason"]["type"] == "length" and len(reply["output_ids"]) == 64
+    assert requests.get(f"{engine}/health").status_code == 200
+
+
 def test_abort_all_and_flush_cache(engine):
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         future = _start_long(engine, "long-abort-all", pool)

@@ -167,8 +167,14 @@ class Scheduler:
                 while not self._inbox and not self._has_work():
                     self._cond.wait()
                 items, self._inbox = self._inbox, []
-            for kind, payload in items:
-                self._handle(kind, payload)
+            # Inference mode for the control items too: aborting a running request moves another's
+            # KV row into its slot, an in-place write to the cache's inference tensors.
+            try:
+                with torch.inference_mode():
+                    for kind, payload in items:
+                        self._handle(kind, payload)
+            except Exception as exc:  # keep serving: fail what is in flight, never end the thread
+                self._fail_all("engine control call failed", exc)
             if self._stopping:
                 return
             if not self._has_work():
@@ -177,12 +183,15 @@ class Scheduler:
                 with torch.inference_mode():
                     self._step()
             except Exception as exc:  # keep serving: fail the requests of the broken step, not the server
-                logger.exception("engine step failed")
-                for request in list(self.running) + list(self.waiting):
-                    self._finish(request, protocol.finish_abort(f"engine error: {exc}"))
-                self.running.clear()
-                self.waiting.clear()
-                self.runner.cache.clear()
+                self._fail_all("engine step failed", exc)
+
+    def _fail_all(self, what: str, exc: Exception) -> None:
+        logger.exception(what)
+        for request in list(self.running) + list(self.waiting):
+            self._finish(request, protocol.finish_abort(f"engine error: {exc}"))
+        self.running.clear()
+        self.waiting.clear()
+        self.runner.cache.clear()
 
     def _handle(self, kind: str, payload: Any) -> None:
         if kind == "request":

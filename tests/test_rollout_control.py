@@ -359,3 +359,29 @@ def test_max_new_tokens_is_capped_to_the_engines_context_length(rollout, tiny_mo
     for sample in (*fitted, *overlong):
         assert sample.status is Sample.Status.TRUNCATED and sample.metadata["context_capped"]
     assert rollout_metrics(output, 1.0)["rollout/context_capped_samples"] == 4.0
+
+
+def test_the_dynamic_sampling_abort_leaves_an_evaluation_running_beside_alone(rollout, tiny_models):
+    """As under train_async.py: the next rollout's abort, once it has kept its group, must not end the
+    requests of the evaluation that runs on the same engines (before, abort_all ended them too)."""
+    _, urls, router_url = rollout
+    args = control_args(
+        tiny_models["qwen2"], router_url,
+        "--rollout-batch-size", "1", "--over-sampling-batch-size", "6", "--rollout-max-response-len", "16",
+        "--eval-max-response-len", "440", "--eval-temperature", "1.0",
+    )  # fmt: skip
+    evaluation = [[Sample(group_index=g, index=g, prompt="abc", label="cba")] for g in range(6)]
+    before = sum(aborted_requests(url) for url in urls)
+
+    async def side_by_side():
+        eval_task = asyncio.ensure_future(generate_groups(args, evaluation, router_url, evaluation=True))
+        await asyncio.sleep(0.2)  # the evaluation's requests are on the engines first
+        output = await sample_rollout(args, 0, PromptDataSource.from_args(args))
+        assert not eval_task.done()  # the rollout's abort happened while the evaluation generated
+        return output, await eval_task
+
+    output, evaluated = asyncio.run(side_by_side())
+    assert len(output.groups) == 1 and output.metrics["rollout/returned_groups"] >= 1
+    assert sum(aborted_requests(url) for url in urls) > before  # the rollout's own were aborted
+    statuses = [s.status for group in evaluated for s in group]
+    assert Sample.Status.ABORTED not in statuses and all(s.reward is not None for g in evaluated for s in g)

@@ -1,26 +1,23 @@
-"""Stopping generation on every engine behind a router: abort all requests, then wait until idle.
+"""Control of the engines behind a router: abort requests, count them, read the context length.
 
 Dynamic sampling stops as soon as enough groups are kept, and the requests still running would
-otherwise keep the engines busy into the weight update. ``abort_all`` sends SGLang's
-``POST /abort_request {"abort_all": true}`` to every engine the router lists (the router has no abort
-of its own); the aborted requests answer with ``finish_reason`` ``abort`` and what they generated so
-far. ``wait_idle`` then polls the engines' load until no engine holds a request, so nothing runs on
-when the rollout returns: ``GET /v1/loads`` (running + waiting requests of every DP rank; every
+otherwise keep the engines busy into the weight update. ``abort_requests`` sends SGLang's
+``POST /abort_request {"rid"}`` for each of a rollout's requests to every engine the router lists
+(the router has no abort of its own), ``abort_all`` its ``{"abort_all": true}``; the aborted
+requests answer with ``finish_reason`` ``abort`` and what they generated so far. ``num_requests``
+reads an engine's load: ``GET /v1/loads`` (running + waiting requests of every DP rank; every
 supported SGLang has it), or ``GET /get_load`` on an engine without it (removed in SGLang 0.5.21).
 Synchronous (control calls, a handful per rollout): async callers use ``asyncio.to_thread``.
 """
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from slime.rollout.router import list_workers
 from slime.utils.engine_api import engine_api
 from slime.utils.http import HttpError, get_json, post_json_sync
-
-DEFAULT_IDLE_TIMEOUT_S = 60.0
 
 
 def engine_urls(router_url: str) -> list[str]:
@@ -55,6 +52,16 @@ def abort_all(urls: list[str]) -> None:
     _each(lambda url: post_json_sync(f"{url}/abort_request", {"abort_all": True}), urls)
 
 
+def abort_requests(urls: list[str], rids: list[str]) -> None:
+    """Aborts the requests ``rids`` on each engine (``POST /abort_request {"rid"}``, one per rid: the
+    route takes one). An engine that does not know a rid ignores it; those that do abort it."""
+    pairs = [(url, rid) for url in urls for rid in rids]
+    if not pairs:
+        return
+    with ThreadPoolExecutor(max_workers=min(32, len(pairs))) as pool:
+        list(pool.map(lambda pair: post_json_sync(f"{pair[0]}/abort_request", {"rid": pair[1]}), pairs))
+
+
 def num_requests(url: str) -> int:
     """Requests an engine's scheduler holds (running + waiting, summed over its DP ranks)."""
     path = engine_api(url).load_path
@@ -74,15 +81,3 @@ def requests_in_get_load(reply: list[dict[str, Any]] | dict[str, Any]) -> int:
     "num_tokens"}`` per DP rank, where ``num_reqs`` counts running and waiting requests."""
     entries = reply if isinstance(reply, list) else [reply]
     return sum(int(entry["num_reqs"]) for entry in entries)
-
-
-def wait_idle(urls: list[str], timeout_s: float = DEFAULT_IDLE_TIMEOUT_S, interval_s: float = 0.05) -> None:
-    """Returns once no engine holds a request; raises ``TimeoutError`` naming the busy ones."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        busy = {url: n for url, n in zip(urls, _each(num_requests, urls), strict=True) if n}
-        if not busy:
-            return
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"engines still hold requests {timeout_s:.0f} s after the abort: {busy}")
-        time.sleep(interval_s)

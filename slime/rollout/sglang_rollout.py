@@ -14,7 +14,8 @@ Rollout control:
 - Dynamic sampling: prompts are drawn ``--over-sampling-batch-size`` at a time whenever the groups
   kept plus those in flight fall short of ``--rollout-batch-size``; each finished group passes
   ``--dynamic-sampling-filter-path`` or is dropped (counted by reason). Once enough groups are kept,
-  every engine's requests are aborted and the rollout waits until the engines are idle.
+  the rollout's own requests are aborted on every engine (by rid; requests of an evaluation running
+  beside are left alone) and the rollout waits until every one of its requests has come back.
 - Groups that did not finish (aborted, or over-sampled past the target) go back to the data source:
   with ``--partial-rollout`` as they are, so their samples resume with the tokens and log-probs they
   have and the rest of the ``--rollout-max-response-len`` budget; otherwise reset to the prompt.
@@ -64,6 +65,7 @@ GenerateFn = Callable[[argparse.Namespace, Sample, dict[str, Any]], Awaitable[Sa
 FilterFn = Callable[[argparse.Namespace, list[Sample]], FilterResult | bool]
 
 ABORT_RETRY_S = 0.5  # a request still in the router when the abort went out reaches an engine later
+ABORT_ESCALATE_S = 3.0  # aborts by rid that long without effect: abort_all (see RolloutClient.abort)
 ABORT_REPORT_S = 30.0  # how often a long abort says which requests it still waits for
 
 logger = logging.getLogger(__name__)
@@ -167,25 +169,38 @@ class RolloutClient:
         return done
 
     async def abort(self, pending: set[asyncio.Task]) -> list[list[Sample]]:
-        """Aborts this rollout's requests on every engine until each has come back, then waits for
-        idle engines.
+        """Aborts this rollout's requests on every engine until each has come back.
 
-        ``abort_all`` is sent again every ``ABORT_RETRY_S`` until every task (and so every rid of
-        ``context.in_flight``) has returned, rather than once, and never by rid: a request that reached
-        an engine while it was paused waits before the scheduler, out of ``abort_all``'s reach, and
-        SGLang (0.5.20+) forwards only the first abort of a rid, so an abort by rid sent while it
-        waits is lost for good. The repeated ``abort_all`` ends it once it is scheduled. The load the
-        engines report does not count such waiting requests, which is why the returned requests
-        decide. ``abort_all`` also ends other clients' requests on the same engines (an evaluation
-        running beside, an external user): engines are the rollout's own while it aborts.
+        The rollout's own requests are aborted by rid (``context.in_flight``), so that other clients
+        of the same engines (an evaluation running beside under ``train_async.py``, an external user)
+        keep theirs. The aborts are repeated every ``ABORT_RETRY_S`` for the rids still out: a
+        request still in the router when they went out reaches an engine later. SGLang (0.5.20+)
+        forwards only the first abort of a rid, though, and a request held by a paused engine (or
+        still being tokenized) is not in its scheduler yet, so that abort is lost for good; after
+        ``ABORT_ESCALATE_S`` the rollout falls back to ``abort_all``, repeated, which ends such a
+        request once it is scheduled (and every other client's requests with it, said in a warning).
+        The returned requests decide, not the engines' load: it does not count held requests, and it
+        counts other clients' (an evaluation beside must not hold the rollout up).
         """
         self.context.aborted.set()
         urls = await asyncio.to_thread(engine_control.engine_urls, self.router_url)
         groups = []
         started = time.monotonic()
         next_report = started + ABORT_REPORT_S
+        escalated = False
         while pending:
-            await asyncio.to_thread(engine_control.abort_all, urls)
+            if time.monotonic() - started < ABORT_ESCALATE_S:
+                await asyncio.to_thread(engine_control.abort_requests, urls, sorted(self.context.in_flight))
+            else:
+                if not escalated:
+                    escalated = True
+                    logger.warning(
+                        "%d requests of this rollout outlived their abort by rid for %.0f s (held by a "
+                        "paused engine?); aborting every request on the engines instead",
+                        len(self.context.in_flight),
+                        ABORT_ESCALATE_S,
+                    )
+                await asyncio.to_thread(engine_control.abort_all, urls)
             done, pending = await asyncio.wait(pending, timeout=ABORT_RETRY_S)
             groups += [task.result() for task in done]
             if pending and time.monotonic() >= next_report:
@@ -197,7 +212,6 @@ class RolloutClient:
                     time.monotonic() - started,
                     sorted(self.context.in_flight)[:8],
                 )
-        await asyncio.to_thread(engine_control.wait_idle, urls)
         return groups
 
 

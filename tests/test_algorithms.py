@@ -146,6 +146,21 @@ def test_reinforce_plus_plus_returns_without_kl_are_the_discounted_outcome():
     assert returns.tolist() == pytest.approx([2.0 * 0.81, 2.0 * 0.9, 2.0])
 
 
+@pytest.mark.parametrize("gamma", [1.0, 0.99, 0.9])
+def test_discounted_cumsum_equals_the_token_by_token_recursion_across_blocks(gamma):
+    """8,200 tokens (33 blocks of 256, the last one partial) against ``G_t = v_t + γ G_{t+1}``."""
+    from slime.algorithms.advantages import discounted_cumsum
+
+    values = torch.randn(8200, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    expected, running = torch.empty_like(values), 0.0
+    for t in range(len(values) - 1, -1, -1):
+        running = values[t].item() + gamma * running
+        expected[t] = running
+    assert torch.allclose(discounted_cumsum(values, gamma), expected, rtol=1e-9, atol=1e-9)
+    assert discounted_cumsum(values[:1], gamma).tolist() == [values[0].item()]
+    assert discounted_cumsum(values[:0], gamma).numel() == 0
+
+
 def test_dual_clip_caps_the_loss_of_negative_advantages_at_c():
     old = torch.zeros(3)
     new = torch.log(torch.tensor([4.0, 4.0, 0.5]))

@@ -203,12 +203,30 @@ def reinforce_plus_plus_returns(
     last unmasked token; ``G_t = r_t + γ · G_{t+1}``.
     """
     token_rewards = kl_shaped_token_rewards(reward, log_probs, ref_log_probs, loss_mask, kl_coef)
-    returns = torch.empty_like(token_rewards)
-    running = 0.0
-    for t in range(len(token_rewards) - 1, -1, -1):
-        running = token_rewards[t] + gamma * running
-        returns[t] = running
-    return returns
+    return discounted_cumsum(token_rewards, gamma)
+
+
+def discounted_cumsum(values: torch.Tensor, gamma: float, block: int = 256) -> torch.Tensor:
+    """``G_t = Σ_{k >= t} γ^(k-t) v_k`` of a 1-D tensor, without a Python loop over tokens.
+
+    Blocks of ``block`` tokens are summed with a triangular matrix of ``γ^(j-i)``; the return at a
+    block's end is carried into the previous block with ``γ^(end-t)``. That keeps every power of γ
+    within ``block`` steps: ``γ^t`` over a whole 8k-token response underflows for γ < 1.
+    """
+    n = values.numel()
+    out = torch.empty(n, dtype=torch.float64, device=values.device)
+    steps = torch.arange(block, device=values.device)
+    offset = (steps[None, :] - steps[:, None]).to(torch.float64)
+    powers = torch.where(offset >= 0, torch.tensor(gamma, dtype=torch.float64) ** offset.clamp(min=0), 0.0)
+    carry = torch.zeros((), dtype=torch.float64, device=values.device)
+    for end in range(n, 0, -block):
+        start = max(0, end - block)
+        m = end - start
+        chunk = values[start:end].to(torch.float64)
+        tail = torch.tensor(gamma, dtype=torch.float64) ** (m - steps[:m]).to(torch.float64)
+        out[start:end] = powers[:m, :m] @ chunk + carry * tail
+        carry = out[start]
+    return out.to(values.dtype)
 
 
 def outcome_advantages(

@@ -34,7 +34,7 @@ from slime.config.validate import ConfigError, _check_critic, _check_off_policy_
 
 def test_grpo_normalises_each_group_by_its_mean_and_unbiased_std():
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0])
-    adv = group_normalized_rewards(rewards, group_size=4)
+    adv = group_normalized_rewards(rewards, 4)
     # group 1: mean 0.5, unbiased std sqrt(1/3); group 2: all equal -> 0
     expected = 0.5 / math.sqrt(1 / 3)
     assert adv[:4].tolist() == pytest.approx([expected, -expected, -expected, expected], rel=1e-5)
@@ -42,7 +42,7 @@ def test_grpo_normalises_each_group_by_its_mean_and_unbiased_std():
 
 
 def test_dr_grpo_only_centres_and_broadcasts_to_every_token():
-    adv = outcome_advantages([3.0, 1.0], [2, 3], group_size=2, estimator="dr_grpo")
+    adv = outcome_advantages([3.0, 1.0], [2, 3], 2, estimator="dr_grpo")
     assert [a.tolist() for a in adv] == [[1.0, 1.0], [-1.0, -1.0, -1.0]]
 
 
@@ -524,3 +524,23 @@ def test_a_sample_without_a_reward_stays_out_of_its_groups_statistics():
     # RLOO: each valid reward minus the mean of the other valid ones; one valid sample: nothing.
     assert per_sample([1.0, 0.0, 1.0, 5.0], [True, True, True, False], "rloo") == [0.5, -1.0, 0.5, 0.0]
     assert per_sample([1.0, 0.0, 0.0, 0.0], [True, False, False, False], "rloo") == [0.0] * 4
+
+
+def test_groups_are_the_rollouts_not_blocks_of_n_samples_per_prompt():
+    """A generate function returning two samples per prompt with --n-samples-per-prompt 2 gives a
+    group of 4 then one of 2: by position in blocks of 2 the first group would be split in two."""
+    rewards = [1.0, 1.0, 0.0, 0.0, 1.0, 0.0]
+    by_group = outcome_advantages(rewards, [1] * 6, [0, 0, 0, 0, 1, 1], "dr_grpo")
+    assert [a.item() for a in by_group] == pytest.approx([0.5, 0.5, -0.5, -0.5, 0.5, -0.5])
+    by_position = outcome_advantages(rewards, [1] * 6, 2, "dr_grpo")
+    assert [a.item() for a in by_position] == pytest.approx([0.0, 0.0, 0.0, 0.0, 0.5, -0.5])
+    # unbiased std over the group of 4 = sqrt(1/3); over the group of 2 = sqrt(1/2)
+    grpo = outcome_advantages(rewards, [1] * 6, [7, 7, 7, 7, 9, 9], "grpo")
+    expected = (
+        [0.5 / math.sqrt(1 / 3)] * 2
+        + [-0.5 / math.sqrt(1 / 3)] * 2
+        + [0.5 / math.sqrt(0.5), -0.5 / math.sqrt(0.5)]
+    )
+    assert [a.item() for a in grpo] == pytest.approx(expected, rel=1e-5)
+    rloo = outcome_advantages(rewards, [1] * 6, [0, 0, 0, 0, 1, 1], "rloo")
+    assert [a.item() for a in rloo] == pytest.approx([2 / 3, 2 / 3, -2 / 3, -2 / 3, 1.0, -1.0])

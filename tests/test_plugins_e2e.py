@@ -34,7 +34,7 @@ def test_example_custom_loss_and_advantages_train_one_step(ray_cluster, tiny_mod
     check_implemented(args)  # no longer refused
     advantages = length_penalized_advantages(args, data)
     assert [len(a) for a in advantages] == [len(m) for m in data["loss_masks"]]
-    assert sum(a[0] for a in advantages[:4]) == pytest.approx(0.0, abs=1e-9)  # group-mean baseline
+    assert sum(a[0] for a in advantages[:4]) == pytest.approx(0.0, abs=1e-6)  # group-mean baseline (fp32)
     group, _, pg = make_group(args)
     try:
         (step,) = group.train(data)

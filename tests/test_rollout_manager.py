@@ -299,6 +299,13 @@ def test_samples_to_train_data_masks_failed_samples_and_keeps_group_order():
     assert data["raw_rewards"][0] == {"acc": 1.0}
     assert data["loss_masks"] == [[1, 1], [0, 0], [1, 1], [1, 1]]
     assert data["valid_rewards"] == [True, False, True, True]  # out of its group's mean and std
+    assert data["prompt_groups"] == [0, 0, 1, 1]
+    assert samples_to_train_data([groups[0] + groups[1][:1], groups[1][1:]], "acc")["prompt_groups"] == [
+        0,
+        0,
+        0,
+        1,
+    ]
     groups[0][0].rollout_log_probs = [-0.5]
     with pytest.raises(ValueError, match="sample 0 is inconsistent"):
         samples_to_train_data(groups, reward_key="acc")

@@ -185,8 +185,8 @@ def test_train_py_runs_grpo_logs_every_scalar_and_resumes_exactly(tiny_models, r
     assert [step for step, _ in resumed["train/loss"]] == [2]
 
     full, again = (torch.load(tmp_path / f"{run}_2.pt", weights_only=False) for run in ("full", "resumed"))
-    for key in ("tokens", "response_lengths", "rewards", "loss_masks"):
-        assert full[key] == again[key], key
+    for key in ("tokens", "response_lengths", "rewards", "loss_masks", "weight_versions"):
+        assert full[key] == again[key], key  # weight versions: "3", not restarted at "1"
     for tag in ("train/loss", "train/pg_loss", "train/grad_norm", "rollout/raw_reward"):
         assert resumed[tag][0][1] == pytest.approx(scalars[tag][2][1], rel=1e-6, abs=1e-9), tag
 

@@ -137,3 +137,23 @@ def test_the_trainer_takes_log_probs_at_the_rollout_temperature_and_greedy_at_on
     assert training_temperature(0.7) == 0.7
     assert training_temperature(1.0) == 1.0
     assert training_temperature(0.0) == 1.0  # SGLang samples greedy as top-k 1 at T = 1
+
+
+def test_the_reference_snapshot_holds_persistent_buffers_such_as_the_expert_bias():
+    """A reference policy kept as parameters only would route with the current policy's MoE
+    ``expert_bias`` (a persistent buffer the load balancing updates every step)."""
+    from slime.backends.megatron.trainer import model_state_tensors
+
+    class Router(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(4, 2))
+            self.register_buffer("expert_bias", torch.zeros(4))
+            self.register_buffer("local_tokens_per_expert", torch.zeros(4), persistent=False)
+
+    chunk = torch.nn.Sequential(Router(), torch.nn.Linear(2, 2))
+    tensors = model_state_tensors([chunk])
+    router = chunk[0]
+    assert any(t is router.expert_bias for t in tensors)
+    assert not any(t is router.local_tokens_per_expert for t in tensors)  # a counter, not state
+    assert sum(t.numel() for t in tensors) == 8 + 4 + 6

@@ -37,6 +37,7 @@ import argparse
 
 import torch
 
+from slime.algorithms.advantages import group_normalized_rewards
 from slime.algorithms.aggregation import weighted_token_sum
 from slime.backends.megatron.batching import MicroBatch
 from slime.backends.megatron.loss import with_entropy_bonus
@@ -49,17 +50,17 @@ def length_penalized_advantages(args: argparse.Namespace, data: dict[str, list])
     """REINFORCE with a group-mean baseline on a length-penalised reward.
 
     ``r'_i = r_i - LENGTH_PENALTY * n_i`` (``n_i`` the sample's response length), ``A_i = r'_i - mean of
-    r'`` over the sample's group of ``--n-samples-per-prompt``, broadcast to every response token.
+    r'`` over the sample's prompt group, broadcast to every response token. The groups are the
+    rollout's (``data["prompt_groups"]``; blocks of ``--n-samples-per-prompt`` in data without them).
     """
-    group = args.n_samples_per_prompt
-    shaped = [
-        float(r) - LENGTH_PENALTY * n for r, n in zip(data["rewards"], data["response_lengths"], strict=True)
-    ]
-    advantages = []
-    for start in range(0, len(shaped), group):
-        chunk = shaped[start : start + group]
-        baseline = sum(chunk) / len(chunk)
-        advantages.extend(r - baseline for r in chunk)
+    shaped = torch.tensor(
+        [
+            float(r) - LENGTH_PENALTY * n
+            for r, n in zip(data["rewards"], data["response_lengths"], strict=True)
+        ]
+    )
+    groups = data.get("prompt_groups") or args.n_samples_per_prompt
+    advantages = group_normalized_rewards(shaped, groups, normalize_std=False).tolist()
     return [[a] * len(mask) for a, mask in zip(advantages, data["loss_masks"], strict=True)]
 
 

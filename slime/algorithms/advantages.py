@@ -9,33 +9,54 @@ import torch
 
 from slime.algorithms.kl import kl_estimate
 
+Groups = int | Sequence[int] | torch.Tensor
+"""Which samples share a prompt: a group size (consecutive blocks of that many samples), or one group
+id per sample (``Sample.group_index``), which also holds when groups differ in size."""
+
+
+def group_ids(groups: Groups, num_samples: int) -> torch.Tensor:
+    """One group id per sample, 0-based and dense, from a group size or from per-sample ids."""
+    if isinstance(groups, int):
+        if groups < 1 or num_samples % groups:
+            raise ValueError(f"{num_samples} rewards do not form groups of {groups}")
+        return torch.arange(num_samples) // groups
+    ids = torch.as_tensor(list(groups) if not torch.is_tensor(groups) else groups, dtype=torch.long)
+    if ids.numel() != num_samples:
+        raise ValueError(f"{ids.numel()} group ids for {num_samples} rewards")
+    return torch.unique(ids, return_inverse=True)[1]
+
+
+def _group_sums(values: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Per sample, the sum of ``values`` over its group."""
+    totals = torch.zeros(int(ids.max()) + 1 if ids.numel() else 0, dtype=values.dtype)
+    return totals.index_add_(0, ids, values)[ids]
+
 
 def group_normalized_rewards(
     rewards: torch.Tensor,
-    group_size: int,
+    groups: Groups,
     normalize_std: bool = True,
     eps: float = 1e-6,
     valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """GRPO's advantage: each reward minus its group's mean, divided by the group's std (optional).
 
-    ``rewards`` is flat with consecutive groups of ``group_size`` samples of the same prompt. The std
-    is the unbiased one, as in the GRPO paper and slime; a group whose rewards are all equal gets
-    advantage 0 (its std is 0 and ``eps`` keeps the division finite). ``valid`` (bool, like
-    ``rewards``) leaves samples whose reward does not exist (the reward function raised) out of
-    their group's mean and std; they get advantage 0.
+    ``groups`` says which samples share a prompt (see ``Groups``). The std is the unbiased one, as in
+    the GRPO paper and slime; a group whose rewards are all equal gets advantage 0 (its std is 0 and
+    ``eps`` keeps the division finite). ``valid`` (bool, like ``rewards``) leaves samples whose
+    reward does not exist (the reward function raised) out of their group's mean and std; they get
+    advantage 0.
     """
-    if rewards.numel() % group_size:
-        raise ValueError(f"{rewards.numel()} rewards do not form groups of {group_size}")
-    grouped = rewards.float().reshape(-1, group_size)
-    mask = torch.ones_like(grouped) if valid is None else valid.reshape(-1, group_size).float()
-    count = mask.sum(dim=1, keepdim=True)
-    mean = (grouped * mask).sum(dim=1, keepdim=True) / count.clamp(min=1)
-    centered = (grouped - mean) * mask
-    if normalize_std and group_size > 1:
-        variance = (centered**2).sum(dim=1, keepdim=True) / (count - 1).clamp(min=1)
+    values = rewards.float().reshape(-1)
+    ids = group_ids(groups, values.numel())
+    mask = torch.ones_like(values) if valid is None else valid.reshape(-1).float()
+    count = _group_sums(mask, ids)
+    mean = _group_sums(values * mask, ids) / count.clamp(min=1)
+    centered = (values - mean) * mask
+    if normalize_std:
+        variance = _group_sums(centered**2, ids) / (count - 1).clamp(min=1)
         centered = centered / (variance.sqrt() + eps)
-    return centered.reshape(-1)
+    return centered
 
 
 def broadcast_to_tokens(per_sample: torch.Tensor, response_lengths: list[int]) -> list[torch.Tensor]:
@@ -45,22 +66,20 @@ def broadcast_to_tokens(per_sample: torch.Tensor, response_lengths: list[int]) -
     ]
 
 
-def rloo_advantages(
-    rewards: torch.Tensor, group_size: int, valid: torch.Tensor | None = None
-) -> torch.Tensor:
+def rloo_advantages(rewards: torch.Tensor, groups: Groups, valid: torch.Tensor | None = None) -> torch.Tensor:
     """RLOO (Ahmadian et al. 2024): each reward minus the mean of the *other* rewards of its group.
 
     ``r_i - mean_{j≠i} r_j = n/(n-1) · (r_i - mean_j r_j)`` over the ``n`` valid samples of the group
     (see ``group_normalized_rewards``); a group with fewer than two valid samples gets 0.
     """
-    if group_size < 2:
+    if isinstance(groups, int) and groups < 2:
         raise ValueError("rloo needs --n-samples-per-prompt >= 2 (a leave-one-out baseline)")
-    centered = group_normalized_rewards(rewards, group_size, normalize_std=False, valid=valid)
-    if valid is None:
-        return centered * (group_size / (group_size - 1))
-    count = valid.reshape(-1, group_size).float().sum(dim=1, keepdim=True)
+    values = rewards.float().reshape(-1)
+    centered = group_normalized_rewards(values, groups, normalize_std=False, valid=valid)
+    mask = torch.ones_like(values) if valid is None else valid.reshape(-1).float()
+    count = _group_sums(mask, group_ids(groups, values.numel()))
     scale = torch.where(count > 1, count / (count - 1).clamp(min=1), torch.zeros_like(count))
-    return (centered.reshape(-1, group_size) * scale).reshape(-1)
+    return centered * scale
 
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]
@@ -232,7 +251,7 @@ def discounted_cumsum(values: torch.Tensor, gamma: float, block: int = 256) -> t
 def outcome_advantages(
     rewards: list[float],
     response_lengths: list[int],
-    group_size: int,
+    groups: Groups,
     estimator: str,
     normalize_std: bool = True,
     loss_masks: Sequence[Sequence[int]] | None = None,
@@ -244,21 +263,21 @@ def outcome_advantages(
     ``dr_grpo``: group-centred rewards without std normalisation (Liu et al. 2025, pair it with
     ``--loss-agg-mode seq_mean_token_sum``); ``rloo``: leave-one-out baseline;
     ``reinforce_plus_plus_baseline``: group-centred rewards whitened over every unmasked token of the
-    batch (needs ``loss_masks``). ``valid``: False for a sample without a reward, left out of its
-    group's statistics with advantage 0.
+    batch (needs ``loss_masks``). ``groups``: which samples share a prompt (``Groups``). ``valid``:
+    False for a sample without a reward, left out of its group's statistics with advantage 0.
     """
     values = torch.tensor(rewards, dtype=torch.float32)
     mask = None if valid is None else torch.tensor(list(valid), dtype=torch.bool)
     if estimator in ("grpo", "gspo", "cispo"):
-        per_sample = group_normalized_rewards(values, group_size, normalize_std, valid=mask)
+        per_sample = group_normalized_rewards(values, groups, normalize_std, valid=mask)
     elif estimator == "dr_grpo":
-        per_sample = group_normalized_rewards(values, group_size, normalize_std=False, valid=mask)
+        per_sample = group_normalized_rewards(values, groups, normalize_std=False, valid=mask)
     elif estimator == "rloo":
-        per_sample = rloo_advantages(values, group_size, valid=mask)
+        per_sample = rloo_advantages(values, groups, valid=mask)
     elif estimator == "reinforce_plus_plus_baseline":
         if loss_masks is None:
             raise ValueError("reinforce_plus_plus_baseline whitens over tokens: pass loss_masks")
-        centered = group_normalized_rewards(values, group_size, normalize_std=False, valid=mask)
+        centered = group_normalized_rewards(values, groups, normalize_std=False, valid=mask)
         masks = [torch.as_tensor(m, dtype=torch.float32) for m in loss_masks]
         return masked_whiten(broadcast_to_tokens(centered, response_lengths), masks)
     else:

@@ -1,7 +1,8 @@
 """The steps of one rollout that ``train.py`` and ``train_async.py`` share; the two differ only in order.
 
 ``RolloutLoop`` owns the metrics logger and the trainer's weight version: 1 for the weights the run
-starts with, +1 per rollout trained. Engines are pushed that version and every sample records the
+starts with, +1 per rollout trained (a run resumed at rollout ``k`` starts at ``1 + k``, the version
+the uninterrupted run had there). Engines are pushed that version and every sample records the
 versions it was generated with, so ``rollout/staleness`` — the trainer's version minus the oldest
 version a trained sample used — counts how many updates the training data lags behind the policy.
 It is 0 in the synchronous loop and at most ``--async-buffer-size`` in the overlapped one (with
@@ -53,7 +54,8 @@ class RolloutLoop:
 
     def __init__(self, args: argparse.Namespace, session: TrainingSession) -> None:
         self.args, self.session = args, session
-        self.version = 1
+        # Every rollout before the resumed one was trained once; the checkpoint holds that count.
+        self.version = 1 + session.start_rollout_id if session.trainer is not None else 1
         self.metrics_logger = MetricsLogger(args)
         self._step_start = time.perf_counter()
 

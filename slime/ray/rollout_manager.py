@@ -63,22 +63,26 @@ def samples_to_train_data(groups: list[list[Sample]], reward_key: str | None = N
     ``rewards`` is the scalar that trains (``--reward-key`` picks it from a dict); ``raw_rewards`` is
     what the reward function returned (a number or a dict), kept for logging; ``weight_versions`` are
     the engine weight versions each sample was generated with (the loops log staleness from them).
-    ``rollout_log_prob_masks`` are 0 for a response without engine log-probs (built by hand, or text
-    tokenized after the fact): TIS, MIS and the mismatch metrics leave its tokens out. A
+    ``prompt_groups`` numbers each sample's group in ``groups``: group-relative advantages normalise
+    over it, not over blocks of ``--n-samples-per-prompt`` (a generate function may return several
+    samples per prompt, so groups can be larger). ``rollout_log_prob_masks`` are 0 for a response
+    without engine log-probs (built by hand, or text tokenized after the fact): TIS, MIS and the
+    mismatch metrics leave its tokens out. A
     FAILED sample (its reward could not be computed) keeps its place, so group shapes hold, but its
     loss mask is all zeros and ``valid_rewards`` is False: nothing is learned from a reward that does
     not exist, and its placeholder 0.0 stays out of its group's mean and std.
     """
     samples = [sample for group in groups for sample in group]
+    prompt_groups = [number for number, group in enumerate(groups) for _ in group]
     # Rollouts that sample nothing (SFT) have no engine log-probs: then the keys are left out, so
     # that a present key always means one log-prob per response token.
     with_log_probs = any(sample.rollout_log_probs is not None for sample in samples)
     keys = ["tokens", "response_lengths", "loss_masks", "rewards", "raw_rewards", "sample_indices"]
-    keys += ["weight_versions", "valid_rewards"]
+    keys += ["weight_versions", "valid_rewards", "prompt_groups"]
     if with_log_probs:
         keys += ["rollout_log_probs", "rollout_log_prob_masks"]
     data: dict[str, list] = {key: [] for key in keys}
-    for sample in samples:
+    for sample, prompt_group in zip(samples, prompt_groups, strict=True):
         n = sample.response_length
         mask = list(sample.loss_mask) if sample.loss_mask is not None else [1] * n
         log_probs = sample.rollout_log_probs
@@ -99,6 +103,7 @@ def samples_to_train_data(groups: list[list[Sample]], reward_key: str | None = N
         data["sample_indices"].append(sample.index)
         data["weight_versions"].append(list(sample.weight_versions))
         data["valid_rewards"].append(sample.status != Sample.Status.FAILED)
+        data["prompt_groups"].append(prompt_group)
         if with_log_probs:
             known = log_probs is not None
             data["rollout_log_probs"].append(list(log_probs) if known else [0.0] * n)

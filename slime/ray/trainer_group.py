@@ -135,7 +135,7 @@ class TrainerActor:
             advantages = adv.outcome_advantages(
                 data["rewards"],
                 data["response_lengths"],
-                args.n_samples_per_prompt,
+                data.get("prompt_groups") or args.n_samples_per_prompt,
                 args.advantage_estimator,
                 normalize_std=not args.disable_grpo_std_normalization,
                 loss_masks=data["loss_masks"],
@@ -229,7 +229,7 @@ class TrainerActor:
         advantages = adv.outcome_advantages(
             rewards,
             data["response_lengths"],
-            args.n_samples_per_prompt,
+            data.get("prompt_groups") or args.n_samples_per_prompt,
             args.advantage_estimator,
             normalize_std=not args.disable_grpo_std_normalization,
             loss_masks=data["loss_masks"],

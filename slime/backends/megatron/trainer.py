@@ -69,6 +69,21 @@ def converter_for(args: argparse.Namespace) -> ModelConverter:
     return get_converter(hf_config["model_type"], shape=shape)
 
 
+def model_state_tensors(chunks: list[torch.nn.Module]) -> list[torch.Tensor]:
+    """What the model computes with: its parameters and its persistent buffers, such as the MoE
+    router's ``expert_bias`` (aux-loss-free load balancing updates it every step, so a reference
+    policy that kept only parameters would route with the current policy's bias). Non-persistent
+    buffers (token counters, rotary caches) are left out, as a checkpoint leaves them out."""
+    tensors: list[torch.Tensor] = []
+    for chunk in chunks:
+        tensors += list(chunk.parameters())
+        for module in chunk.modules():
+            skip = module._non_persistent_buffers_set
+            buffers = module.named_buffers(recurse=False)
+            tensors += [b for name, b in buffers if b is not None and name not in skip]
+    return tensors
+
+
 class MegatronTrainer:
     """A rank of the trainer world: builds the model from the HF checkpoint and trains it."""
 
@@ -247,13 +262,12 @@ class MegatronTrainer:
 
     def _snapshot(self) -> list[torch.Tensor]:
         self._gather_params()
-        return [p.detach().to("cpu", copy=True) for chunk in self.model for p in chunk.parameters()]
+        return [t.detach().to("cpu", copy=True) for t in model_state_tensors(self.model)]
 
     @torch.no_grad()
     def _load_snapshot(self, weights: list[torch.Tensor]) -> None:
-        params = [p for chunk in self.model for p in chunk.parameters()]
-        for param, value in zip(params, weights, strict=True):
-            param.copy_(value)
+        for tensor, value in zip(model_state_tensors(self.model), weights, strict=True):
+            tensor.copy_(value)
 
     def add_policy_inputs(self, shards: list[TrainData]) -> None:
         """Adds ``old_log_probs`` (and ``ref_log_probs``) to every step's shard of a rollout.

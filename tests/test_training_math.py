@@ -157,3 +157,40 @@ def test_the_reference_snapshot_holds_persistent_buffers_such_as_the_expert_bias
     assert any(t is router.expert_bias for t in tensors)
     assert not any(t is router.local_tokens_per_expert for t in tensors)  # a counter, not state
     assert sum(t.numel() for t in tensors) == 8 + 4 + 6
+
+
+def test_log_probs_in_pieces_equal_the_whole_in_value_and_gradient():
+    """``token_logprobs_and_entropy`` computes (and under autograd checkpoints) ``chunk_tokens``
+    positions at a time, so its fp32 temporaries are per piece; the values and gradients must be
+    those of one piece over every position (vocab padded: 13 real ids of 16 rows)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as mpu
+
+    from slime.backends.megatron.logprobs import token_logprobs_and_entropy
+    from slime.utils.http import free_port
+
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    mpu.initialize_model_parallel()  # one rank: the tensor-parallel reductions are real and trivial
+    try:
+        generator = torch.Generator().manual_seed(0)
+        logits = torch.randn(2, 11, 16, generator=generator)
+        targets = torch.randint(0, 13, (2, 11), generator=generator)
+        results = []
+        for chunk in (3, 1024):
+            leaf = logits.clone().requires_grad_(True)
+            logprobs, entropy = token_logprobs_and_entropy(leaf, targets, 13, 0.7, chunk_tokens=chunk)
+            (logprobs.sum() + 0.3 * entropy.sum()).backward()
+            results.append((logprobs.detach(), entropy.detach(), leaf.grad))
+        for piecewise, whole in zip(*results, strict=True):
+            assert torch.allclose(piecewise, whole, atol=1e-6)
+        reference = torch.log_softmax(logits[..., :13] / 0.7, dim=-1).gather(-1, targets.unsqueeze(-1))
+        assert torch.allclose(results[0][0], reference.squeeze(-1), atol=1e-6)
+        with torch.no_grad():
+            no_grad, none = token_logprobs_and_entropy(
+                logits, targets, 13, 0.7, with_entropy=False, chunk_tokens=4
+            )
+        assert none is None and torch.allclose(no_grad, results[1][0], atol=1e-6)
+    finally:
+        mpu.destroy_model_parallel()
+        dist.destroy_process_group()

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state as mpu
 from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+from torch.utils.checkpoint import checkpoint
 
 
 def _mask_padded_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -31,16 +32,56 @@ def _log_normalizer(logits: torch.Tensor) -> torch.Tensor:
     return sum_exp.log() + max_logit
 
 
+LOGPROB_CHUNK_TOKENS = 1024
+"""Positions per piece of the log-prob computation: its fp32 temporaries are [chunk, V/tp], not
+[T, V/tp] (at 8k tokens and a 152k vocabulary one such copy is 4.9 GB)."""
+
+
 def token_logprobs_and_entropy(
     logits: torch.Tensor,
     targets: torch.Tensor,
     vocab_size: int,
     temperature: float = 1.0,
     with_entropy: bool = True,
+    chunk_tokens: int = LOGPROB_CHUNK_TOKENS,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``log p(target)`` and entropy at each position of ``logits[..., V/tp]`` (targets: global ids)."""
+    """``log p(target)`` and entropy at each position of ``logits[b, s, V/tp]`` (targets: global ids).
+
+    Computed ``chunk_tokens`` positions at a time. With gradients each piece is checkpointed: its
+    temporaries are recomputed in the backward pass, one piece at a time, instead of being kept for
+    every position. Every tensor-parallel rank walks the same pieces in the same order, so the
+    collectives inside match, in the forward and in the recomputation.
+    """
+    grad = torch.is_grad_enabled() and logits.requires_grad
+    compute = _piece_with_entropy if with_entropy else _piece
+    rows_logprobs, rows_entropy = [], []
+    for row in range(logits.shape[0]):
+        pieces = []
+        for start in range(0, logits.shape[1], chunk_tokens):
+            end = start + chunk_tokens
+            args = (logits[row, start:end], targets[row, start:end], vocab_size, temperature)
+            pieces.append(checkpoint(compute, *args, use_reentrant=False) if grad else compute(*args))
+        rows_logprobs.append(torch.cat([p[0] for p in pieces]))
+        if with_entropy:
+            rows_entropy.append(torch.cat([p[1] for p in pieces]))
+    logprobs = torch.stack(rows_logprobs)
+    return logprobs, torch.stack(rows_entropy) if with_entropy else None
+
+
+def _piece(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int, temperature: float):
+    logits = _mask_padded_vocab(logits.float() / temperature, vocab_size)
+    return (_target_logprobs(logits, targets, _log_normalizer(logits)),)
+
+
+def _piece_with_entropy(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int, temperature: float):
     logits = _mask_padded_vocab(logits.float() / temperature, vocab_size)
     log_z = _log_normalizer(logits)
+    probs = (logits - log_z).exp()
+    expected_logit = reduce_from_tensor_model_parallel_region((probs * logits.nan_to_num(neginf=0.0)).sum(-1))
+    return _target_logprobs(logits, targets, log_z), log_z.squeeze(-1) - expected_logit
+
+
+def _target_logprobs(logits: torch.Tensor, targets: torch.Tensor, log_z: torch.Tensor) -> torch.Tensor:
     local = logits.shape[-1]
     start = mpu.get_tensor_model_parallel_rank() * local
     in_shard = (targets >= start) & (targets < start + local)
@@ -48,10 +89,4 @@ def token_logprobs_and_entropy(
     gathered = logits.gather(-1, local_ids.unsqueeze(-1))
     target_logit = torch.where(in_shard.unsqueeze(-1), gathered, torch.zeros_like(gathered))
     target_logit = reduce_from_tensor_model_parallel_region(target_logit)
-    logprobs = (target_logit - log_z).squeeze(-1)
-    if not with_entropy:
-        return logprobs, None
-    probs = (logits - log_z).exp()
-    expected_logit = reduce_from_tensor_model_parallel_region((probs * logits.nan_to_num(neginf=0.0)).sum(-1))
-    entropy = log_z.squeeze(-1) - expected_logit
-    return logprobs, entropy
+    return (target_logit - log_z).squeeze(-1)

@@ -42,6 +42,7 @@ from slime.weight_sync.process_group import (
     start_broadcast_from_rank0,
     wait_for_work,
 )
+from slime.weight_sync.senders import is_stage_leader, walks_hf_weights
 
 logger = logging.getLogger(__name__)
 
@@ -63,19 +64,11 @@ class DistributedWeightUpdater:
 
     @property
     def _in_sending_replica(self) -> bool:
-        """Whether this rank walks the weights: the sender's replica, or every rank under expert
-        parallelism (each holds experts the sender needs; ``iter_hf_weights`` all-gathers them)."""
-        return mpu.get_expert_model_parallel_world_size() > 1 or self._first_replica
-
-    @property
-    def _first_replica(self) -> bool:
-        return mpu.get_data_parallel_rank() == 0 and mpu.get_context_parallel_rank() == 0
+        return walks_hf_weights()
 
     @property
     def _is_sender(self) -> bool:
-        """Exactly one rank per pipeline stage, also under expert parallelism (where every data-parallel
-        replica's tensor-parallel rank 0 walks the weights too, but must not open or broadcast)."""
-        return self._first_replica and mpu.get_tensor_model_parallel_rank() == 0
+        return is_stage_leader()
 
     def connect(self, engine_urls: list[str], ranks_per_engine: int) -> None:
         """Opens this stage's group with every engine; both sides block until all have joined."""

@@ -80,16 +80,37 @@ def iter_hf_weights(
             yield from converter.hf_from_megatron(name, full)
 
 
-def write_hf_checkpoint(
-    state: dict[str, torch.Tensor], source_dir: str | Path, target_dir: str | Path
-) -> str:
-    """``state`` as ``model.safetensors`` next to the source checkpoint's config and tokenizer files,
-    so transformers and the engines load the result like the original."""
-    target = Path(target_dir)
-    target.mkdir(parents=True, exist_ok=True)
-    for path in Path(source_dir).iterdir():
-        if path.is_file() and not path.name.endswith((".safetensors", ".safetensors.index.json", ".bin")):
-            shutil.copy2(path, target / path.name)
-    tensors = {name: tensor.contiguous() for name, tensor in state.items()}
-    save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
-    return str(target)
+class HFCheckpointWriter:
+    """Writes an HF checkpoint one bucket of tensors at a time, so the writer never holds the model.
+
+    Each ``add`` becomes one ``model-NNNNN.safetensors`` file; ``close`` writes
+    ``model.safetensors.index.json`` (the weight map transformers, SGLang and the torch engine read)
+    and copies the source checkpoint's config and tokenizer files, so the result loads like the
+    original.
+    """
+
+    def __init__(self, source_dir: str | Path, target_dir: str | Path) -> None:
+        self.source, self.target = Path(source_dir), Path(target_dir)
+        self.target.mkdir(parents=True, exist_ok=True)
+        self.weight_map: dict[str, str] = {}
+        self.total_bytes = 0
+        self._files = 0
+
+    def add(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        if not tensors:
+            return
+        self._files += 1
+        name = f"model-{self._files:05d}.safetensors"
+        contiguous = {key: tensor.contiguous() for key, tensor in tensors}
+        save_file(contiguous, str(self.target / name), metadata={"format": "pt"})
+        self.weight_map.update(dict.fromkeys(contiguous, name))
+        self.total_bytes += sum(t.numel() * t.element_size() for t in contiguous.values())
+
+    def close(self) -> str:
+        for path in self.source.iterdir():
+            if path.is_file() and not path.name.endswith((".safetensors", ".safetensors.index.json", ".bin")):
+                shutil.copy2(path, self.target / path.name)
+        weight_map = dict(sorted(self.weight_map.items()))
+        index = {"metadata": {"total_size": self.total_bytes}, "weight_map": weight_map}
+        (self.target / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+        return str(self.target)

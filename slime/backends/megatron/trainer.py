@@ -36,7 +36,7 @@ from slime.backends.megatron.batching import (
 from slime.backends.megatron.config import padded_vocab_size, transformer_config_from_args
 from slime.backends.megatron.conversion import ModelConverter, get_converter
 from slime.backends.megatron.conversion.base import ModelShape
-from slime.backends.megatron.hf_checkpoint import iter_hf_weights, load_hf_weights, write_hf_checkpoint
+from slime.backends.megatron.hf_checkpoint import HFCheckpointWriter, iter_hf_weights, load_hf_weights
 from slime.backends.megatron.logprobs import token_logprobs_and_entropy
 from slime.backends.megatron.loss import LossFn, build_loss_fn, needs_reference
 from slime.backends.megatron.model import (
@@ -48,6 +48,8 @@ from slime.backends.megatron.model import (
 from slime.backends.megatron.packed_attention import packed_seq_params
 from slime.backends.megatron.value_head import attach_value_heads
 from slime.utils.device import DeviceMemory, distributed_backend, setup_device, storage_key
+from slime.weight_sync.bucketing import iter_buckets
+from slime.weight_sync.senders import is_stage_leader, walks_hf_weights
 
 logger = logging.getLogger(__name__)
 # megatron-core still calls the old names of these collectives; the warning is not actionable here.
@@ -345,26 +347,57 @@ class MegatronTrainer:
         self._gather_params()
         return iter_hf_weights(self.model, self.converter, gated=self.args.swiglu)
 
+    def stream_hf_weights(self, consume: Callable[[list[tuple[str, torch.Tensor]]], None]) -> None:
+        """Every HF tensor of every pipeline stage, in buckets of ``--update-weight-buffer-size``
+        bytes, handed to ``consume`` on global rank 0 (a collective: every rank calls it).
+
+        Stage by stage, the ranks that gather a stage's shards walk its weights and only the stage's
+        leader keeps them: rank 0 consumes its own stage's buckets, the other leaders send theirs to
+        rank 0 one at a time, each after rank 0 has taken the previous one. No rank holds more than
+        a bucket or two beyond its model (before, every rank copied its whole model and rank 0
+        received all of them at once). On rank 0 a tensor may be a view of a live parameter:
+        ``consume`` copies what it keeps.
+        """
+        self._gather_params()
+        rank, stage = dist.get_rank(), mpu.get_pipeline_model_parallel_rank()
+        leaders = dist.get_process_group_ranks(mpu.get_pipeline_model_parallel_group()) if rank == 0 else []
+        ack = torch.zeros(1, device=self.device)  # rank 0 took a bucket: the next may come
+        for current in range(mpu.get_pipeline_model_parallel_world_size()):
+            if stage == current and walks_hf_weights():
+                weights = iter_hf_weights(self.model, self.converter, gated=self.args.swiglu)
+                if not is_stage_leader():
+                    for _ in weights:  # the stage's other ranks only take part in the gathers
+                        pass
+                    continue
+                for bucket in iter_buckets(weights, self.args.update_weight_buffer_size):
+                    if rank == 0:
+                        consume([(name, tensor.cpu()) for name, tensor in bucket])
+                        continue
+                    # A copy of each tensor: pickling a view of a parameter would carry its whole storage.
+                    dist.send_object_list([[(name, t.to("cpu", copy=True)) for name, t in bucket]], dst=0)
+                    dist.recv(ack, src=0)
+                if rank != 0:
+                    dist.send_object_list([None], dst=0)
+            if rank == 0 and leaders[current] != 0:
+                while True:
+                    box = [None]
+                    dist.recv_object_list(box, src=leaders[current])
+                    if box[0] is None:
+                        break
+                    consume(box[0])
+                    dist.send(ack, dst=leaders[current])
+
     def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
         """All HF weights, collected on global rank 0 (None elsewhere); for checks and small models."""
-        local = {name: t.cpu() for name, t in self.iter_hf_weights()}
-        if mpu.get_tensor_model_parallel_rank() != 0 or mpu.get_data_parallel_rank() != 0:
-            local = {}
-        gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-        dist.gather_object(local, gathered, dst=0)
-        if dist.get_rank() != 0:
-            return None
         merged: dict[str, torch.Tensor] = {}
-        for part in gathered:
-            merged.update(part)
-        return merged
+        self.stream_hf_weights(lambda bucket: merged.update((name, t.clone()) for name, t in bucket))
+        return merged if dist.get_rank() == 0 else None
 
     def save_hf(self, directory: str) -> str | None:
-        """Writes an HF checkpoint (safetensors + the source's config and tokenizer files) from rank 0."""
-        state = self.hf_state_dict()
-        if state is None:
-            return None
-        return write_hf_checkpoint(state, self.args.hf_checkpoint, directory)
+        """Writes an HF checkpoint from rank 0, bucket by bucket (collective); its path on rank 0."""
+        writer = HFCheckpointWriter(self.args.hf_checkpoint, directory) if dist.get_rank() == 0 else None
+        self.stream_hf_weights(writer.add if writer is not None else lambda bucket: None)
+        return writer.close() if writer is not None else None
 
     def save(self, directory: str, rollout_id: int) -> str:
         self._gather_params()

@@ -36,7 +36,7 @@ import contextlib
 import contextvars
 import functools
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,12 +80,21 @@ class RolloutContext:
     """
 
     session: aiohttp.ClientSession
-    context_length: int | None = None
-    """The engines' context length: every request's ``max_new_tokens`` is capped to fit in it."""
+    context_length_lookup: Callable[[], int | None] | None = None
+    """Reads the engines' context length, which caps every request's ``max_new_tokens``; called once,
+    at the first request (a generate function that never calls the engines never needs it)."""
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
     in_flight: set[str] = field(default_factory=set)
     prefix: str = field(default_factory=lambda: f"slime-{uuid.uuid4().hex[:12]}")
     _sent: int = 0
+    _context_length: int | None = None
+    _looked_up: bool = False
+
+    async def context_length(self) -> int | None:
+        if not self._looked_up and self.context_length_lookup is not None:
+            self._context_length = await asyncio.to_thread(self.context_length_lookup)
+        self._looked_up = True
+        return self._context_length
 
     def new_rid(self) -> str:
         """Fixed width, so no rid is a prefix of another (SGLang matches abort rids by prefix)."""
@@ -192,8 +201,9 @@ async def generate_turn(
     if context is not None and context.aborted.is_set():
         return Turn([], [], "", Sample.Status.ABORTED, "", {"type": "abort"})
     capped = False
-    if context is not None and context.context_length is not None:
-        room = context.context_length - len(input_ids)
+    limit = None if context is None else await context.context_length()
+    if limit is not None:
+        room = limit - len(input_ids)
         if room < sampling_params["max_new_tokens"]:
             sampling_params, capped = {**sampling_params, "max_new_tokens": max(room, 0)}, True
     if sampling_params["max_new_tokens"] <= 0:

@@ -128,7 +128,7 @@ class RolloutClient:
                 connector=aiohttp.TCPConnector(limit=concurrency),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
             ),
-            context_length=engine_control.context_length(engine_control.engine_urls(url)),
+            context_length_lookup=lambda: engine_control.context_length(engine_control.engine_urls(url)),
         )
 
     async def close(self) -> None:

@@ -280,12 +280,16 @@ def _endless_draws(
 ) -> RolloutError:
     """The error of a rollout that reached the draw bound, saying where its groups went."""
     statuses = collections.Counter(s.status.value for group in unfinished for s in group if not s.finished)
+    filtered = ""
+    if args.dynamic_sampling_filter_path:
+        filtered = (
+            f"{sum(dropped.values())} dropped by --dynamic-sampling-filter-path "
+            f"{args.dynamic_sampling_filter_path} ({dict(dropped)}), "
+        )
     return RolloutError(
         f"rollout {rollout_id} drew {drawn} prompt groups for a batch of {args.rollout_batch_size} and "
-        f"kept {kept}: {sum(dropped.values())} dropped by --dynamic-sampling-filter-path "
-        f"{args.dynamic_sampling_filter_path} ({dict(dropped)}), {len(unfinished)} came back unfinished "
-        f"(samples {dict(statuses)}); it would draw prompts forever: check the filter, the reward, the "
-        "generate function or the data"
+        f"kept {kept}: {filtered}{len(unfinished)} came back unfinished (samples {dict(statuses)}); "
+        "it would draw prompts forever: check the filter, the reward, the generate function or the data"
     )
 
 
@@ -335,7 +339,7 @@ async def sample_rollout(args: argparse.Namespace, rollout_id: int, data_source:
                 pending, abort_s = set(), time.perf_counter() - start
     finally:
         bar.close()
-        await _cancel(pending)
+        await _cancel(list(order))  # also takes the errors of finished tasks no one looked at
         await client.close()
     groups = [group for _, group in sorted(kept, key=lambda item: item[0])]
     masked = 0

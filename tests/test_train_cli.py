@@ -49,17 +49,22 @@ def test_a_malformed_data_line_is_one_line_and_nothing_starts(tiny_models, tmp_p
     assert len(lines) == 1 and lines[0].startswith(f"error: {data}:2: not valid JSON"), lines
 
 
+def one_rollout_argv(tiny_models, tmp_path, monkeypatch) -> None:
+    """``sys.argv`` of a valid one-rollout ``train.py`` run on one prompt, for ``run_entry_point``."""
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps({"input": "abc", "label": "cba"}) + "\n")
+    argv = [*model_args(), "--hf-checkpoint", str(tiny_models["qwen2"]), "--prompt-data", str(data)]
+    argv += ["--lr", "1e-5", "--rollout-batch-size", "1", "--rollout-num-gpus", "1", "--num-rollout", "1"]
+    monkeypatch.setattr(sys, "argv", ["train.py", *argv])
+
+
 def test_an_engine_refusal_at_run_time_is_one_line_and_exit_1(tiny_models, tmp_path, monkeypatch, caplog):
     """What ``train.py`` prints when an engine refuses a weight push (after the session has stopped
     every process): the engine, the endpoint and the engine's own words, no traceback."""
     from slime.cli import run_entry_point
     from slime.weight_sync.engine_client import EngineCallError
 
-    data = tmp_path / "train.jsonl"
-    data.write_text(json.dumps({"input": "abc", "label": "cba"}) + "\n")
-    argv = [*model_args(), "--hf-checkpoint", str(tiny_models["qwen2"]), "--prompt-data", str(data)]
-    argv += ["--lr", "1e-5", "--rollout-batch-size", "1", "--rollout-num-gpus", "1", "--num-rollout", "1"]
-    monkeypatch.setattr(sys, "argv", ["train.py", *argv])
+    one_rollout_argv(tiny_models, tmp_path, monkeypatch)
     message = "update_weights_from_distributed must run between begin_weight_update() and end_weight_update()"
 
     def refused(args) -> None:
@@ -85,11 +90,7 @@ def test_a_rollout_error_from_the_rollout_actor_is_one_line_and_exit_1(
     from slime.cli import run_entry_point
     from slime.rollout.errors import RolloutError
 
-    data = tmp_path / "train.jsonl"
-    data.write_text(json.dumps({"input": "abc", "label": "cba"}) + "\n")
-    argv = [*model_args(), "--hf-checkpoint", str(tiny_models["qwen2"]), "--prompt-data", str(data)]
-    argv += ["--lr", "1e-5", "--rollout-batch-size", "1", "--rollout-num-gpus", "1", "--num-rollout", "1"]
-    monkeypatch.setattr(sys, "argv", ["train.py", *argv])
+    one_rollout_argv(tiny_models, tmp_path, monkeypatch)
     message = "--custom-generate-function-path my.gen returned sample 3 still pending"
 
     def failed(args) -> None:

@@ -32,6 +32,15 @@ def _group_sums(values: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return totals.index_add_(0, ids, values)[ids]
 
 
+def _valid_counts(
+    values: torch.Tensor, groups: Groups, valid: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(group ids, 1.0 where the reward is valid, valid samples in the sample's group)``."""
+    ids = group_ids(groups, values.numel())
+    mask = torch.ones_like(values) if valid is None else valid.reshape(-1).float()
+    return ids, mask, _group_sums(mask, ids)
+
+
 def group_normalized_rewards(
     rewards: torch.Tensor,
     groups: Groups,
@@ -48,9 +57,7 @@ def group_normalized_rewards(
     advantage 0.
     """
     values = rewards.float().reshape(-1)
-    ids = group_ids(groups, values.numel())
-    mask = torch.ones_like(values) if valid is None else valid.reshape(-1).float()
-    count = _group_sums(mask, ids)
+    ids, mask, count = _valid_counts(values, groups, valid)
     mean = _group_sums(values * mask, ids) / count.clamp(min=1)
     centered = (values - mean) * mask
     if normalize_std:
@@ -76,8 +83,7 @@ def rloo_advantages(rewards: torch.Tensor, groups: Groups, valid: torch.Tensor |
         raise ValueError("rloo needs --n-samples-per-prompt >= 2 (a leave-one-out baseline)")
     values = rewards.float().reshape(-1)
     centered = group_normalized_rewards(values, groups, normalize_std=False, valid=valid)
-    mask = torch.ones_like(values) if valid is None else valid.reshape(-1).float()
-    count = _group_sums(mask, group_ids(groups, values.numel()))
+    _, _, count = _valid_counts(values, groups, valid)
     scale = torch.where(count > 1, count / (count - 1).clamp(min=1), torch.zeros_like(count))
     return centered * scale
 
@@ -236,13 +242,14 @@ def discounted_cumsum(values: torch.Tensor, gamma: float, block: int = 256) -> t
     out = torch.empty(n, dtype=torch.float64, device=values.device)
     steps = torch.arange(block, device=values.device)
     offset = (steps[None, :] - steps[:, None]).to(torch.float64)
-    powers = torch.where(offset >= 0, torch.tensor(gamma, dtype=torch.float64) ** offset.clamp(min=0), 0.0)
+    g = torch.tensor(gamma, dtype=torch.float64, device=values.device)
+    powers = torch.where(offset >= 0, g ** offset.clamp(min=0), 0.0)
     carry = torch.zeros((), dtype=torch.float64, device=values.device)
     for end in range(n, 0, -block):
         start = max(0, end - block)
         m = end - start
         chunk = values[start:end].to(torch.float64)
-        tail = torch.tensor(gamma, dtype=torch.float64) ** (m - steps[:m]).to(torch.float64)
+        tail = g ** (m - steps[:m]).to(torch.float64)
         out[start:end] = powers[:m, :m] @ chunk + carry * tail
         carry = out[start]
     return out.to(values.dtype)

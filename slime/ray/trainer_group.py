@@ -132,16 +132,7 @@ class TrainerActor:
                 )
             data = {**data, "advantages": advantages}
         elif policy and not token_level:
-            advantages = adv.outcome_advantages(
-                data["rewards"],
-                data["response_lengths"],
-                data.get("prompt_groups") or args.n_samples_per_prompt,
-                args.advantage_estimator,
-                normalize_std=not args.disable_grpo_std_normalization,
-                loss_masks=data["loss_masks"],
-                valid=data.get("valid_rewards"),
-            )
-            data = {**data, "advantages": advantages}
+            data = {**data, "advantages": self._outcome_advantages(data, data["rewards"])}
         # Where each sample sits in the rollout, so that values computed per shard find their sample.
         data = {**data, "positions": list(range(len(data["tokens"])))}
         dp_rank, dp_size = mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size()
@@ -198,6 +189,22 @@ class TrainerActor:
         for shard in shards:
             shard["advantages"] = [next(remaining) for _ in shard["tokens"]]
 
+    def _outcome_advantages(self, data: TrainData, rewards: list[float]) -> list:
+        """``--advantage-estimator``'s per-token advantages of the rollout ``data`` for ``rewards``
+        (the data's own, or KL-shaped), normalised over the rollout's prompt groups."""
+        from slime.algorithms import advantages as adv
+
+        args = self.args
+        return adv.outcome_advantages(
+            rewards,
+            data["response_lengths"],
+            data.get("prompt_groups") or args.n_samples_per_prompt,
+            args.advantage_estimator,
+            normalize_std=not args.disable_grpo_std_normalization,
+            loss_masks=data["loss_masks"],
+            valid=data.get("valid_rewards"),
+        )
+
     def _kl_shaped_outcome_advantages(self, data: TrainData, shards: list[TrainData]) -> None:
         """``--kl-coef`` with an outcome-reward estimator: every rank shapes the rewards of its samples
         (``r - kl_coef · Σ_t k1_t``, which needs its old and reference log-probs), the shaped rewards of
@@ -226,15 +233,7 @@ class TrainerActor:
         rewards = list(data["rewards"])
         for position, reward in (item for part in parts for item in part):
             rewards[position] = reward
-        advantages = adv.outcome_advantages(
-            rewards,
-            data["response_lengths"],
-            data.get("prompt_groups") or args.n_samples_per_prompt,
-            args.advantage_estimator,
-            normalize_std=not args.disable_grpo_std_normalization,
-            loss_masks=data["loss_masks"],
-            valid=data.get("valid_rewards"),
-        )
+        advantages = self._outcome_advantages(data, rewards)
         for shard in shards:
             shard["advantages"] = [advantages[p] for p in shard["positions"]]
 

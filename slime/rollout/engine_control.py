@@ -42,9 +42,11 @@ def context_length(urls: list[str]) -> int | None:
     return min((n for n in _each(one, urls) if n is not None), default=None)
 
 
-def _each(fn: Any, urls: list[str]) -> list[Any]:
-    with ThreadPoolExecutor(max_workers=max(1, len(urls))) as pool:
-        return list(pool.map(fn, urls))
+def _each(fn: Any, items: list[Any], max_workers: int | None = None) -> list[Any]:
+    """``fn`` of every item, concurrently (one thread per item, at most ``max_workers``)."""
+    workers = max(1, len(items) if max_workers is None else min(max_workers, len(items)))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(fn, items))
 
 
 def abort_all(urls: list[str]) -> None:
@@ -56,10 +58,7 @@ def abort_requests(urls: list[str], rids: list[str]) -> None:
     """Aborts the requests ``rids`` on each engine (``POST /abort_request {"rid"}``, one per rid: the
     route takes one). An engine that does not know a rid ignores it; those that do abort it."""
     pairs = [(url, rid) for url in urls for rid in rids]
-    if not pairs:
-        return
-    with ThreadPoolExecutor(max_workers=min(32, len(pairs))) as pool:
-        list(pool.map(lambda pair: post_json_sync(f"{pair[0]}/abort_request", {"rid": pair[1]}), pairs))
+    _each(lambda pair: post_json_sync(f"{pair[0]}/abort_request", {"rid": pair[1]}), pairs, max_workers=32)
 
 
 def num_requests(url: str) -> int:

@@ -244,3 +244,29 @@ def test_v1_models_reports_the_context_length_the_rollout_caps_by(release: str) 
     assert "max_model_len=_global_state.tokenizer_manager.model_config.context_len" in text
     manager = (root / "managers" / "tokenizer_manager.py").read_text()
     assert "(max_new_tokens + input_token_num) > _max_req_len" in manager
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_scheduler_caps_max_new_tokens_to_context_minus_input_minus_two(release: str) -> None:
+    """The torch engine's cap (``engine.py``) and the rollout's TRUNCATED expectation rest on
+    ``Scheduler.init_req_max_new_tokens``: ``min(max_new_tokens, max_req_len - input - 1)`` with
+    ``max_req_len = min(context_len - 1, kv capacity - 1)`` (``tp_worker.py``)."""
+    managers = source(release) / "managers"
+    assert "self.max_req_len - input_len - 1" in (managers / "scheduler.py").read_text()
+    assert "self.model_config.context_len - 1," in (managers / "tp_worker.py").read_text()
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_an_abort_by_rid_reaches_only_known_requests_and_from_0_5_20_only_once(release: str) -> None:
+    """What the rollout's abort by rid (``RolloutClient.abort``) and its fall back to ``abort_all``
+    rely on, in ``TokenizerManager``: ``generate_request`` registers a request (``_init_req_state``)
+    before it waits out a pause, so a rid abort of a held request is forwarded to a scheduler that
+    does not have it yet; ``abort_request`` drops a rid it does not know (one tokenizer worker); and
+    from 0.5.20 on it forwards a rid's first abort only (``abort_sent``), so that abort is lost."""
+    text = (source(release) / "managers" / "tokenizer_manager.py").read_text()
+    generate = text[text.index("async def generate_request(") :]
+    assert generate.index("self._init_req_state(obj") < generate.index("is_pause_cond.wait_for")
+    abort = text[text.index("def abort_request(") :]
+    abort = abort[: abort.index("async def pause_generation")]
+    assert "tokenizer_worker_num == 1" in abort and "rid_to_state" in abort
+    assert ("abort_sent" in abort) == (release >= "0.5.20")

@@ -35,8 +35,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from slime.backends.megatron.policy_inputs import step_shard  # noqa: E402
 from slime.config import parse_args  # noqa: E402
-from slime.ray.train_data import step_shard  # noqa: E402
 from slime.utils.http import free_port  # noqa: E402
 from tools.make_tiny_model import make_tiny_model  # noqa: E402
 

@@ -10,7 +10,7 @@ from slime.algorithms.losses import sft_loss
 from slime.backends.megatron.batching import consecutive_groups, make_micro_batches
 from slime.backends.megatron.conversion import get_converter
 from slime.backends.megatron.conversion.base import ModelShape
-from slime.ray.train_data import step_shard
+from slime.backends.megatron.policy_inputs import step_shard
 
 MASKS = [[1, 1, 0], [1], [0, 0], [1, 1, 1, 1]]  # 2, 1, 0 and 4 unmasked tokens
 

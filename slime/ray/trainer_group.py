@@ -1,8 +1,8 @@
 """N Megatron trainer ranks as Ray actors on GPU bundles, driven as one group.
 
 The driver puts a rollout's samples into the object store once; every rank fetches it and keeps the
-data-parallel shard it owns (``slime.ray.train_data``), so the driver never needs to know how
-Megatron orders ranks.
+data-parallel shard it owns, with the policy loss's inputs (``slime.backends.megatron.policy_inputs``),
+so the driver never needs to know how Megatron orders ranks. The actor itself is only process wiring.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from slime.backends.megatron.batching import TrainData, check_token_budget
+from slime.backends.megatron.policy_inputs import DataParallel, PolicyInputs, step_shard
 from slime.ray.cluster import actor_gpus
 from slime.utils.device import worker_env
 from slime.utils.http import free_port
@@ -33,7 +34,7 @@ class TrainerActor:
         self.args, self.rank, self.world_size = args, rank, world_size
         self.trainer = None
         self.updater = None
-        self._returns: list[tuple[int, list[float]]] | None = None
+        self.policy_inputs: PolicyInputs | None = None
 
     def rendezvous_address(self) -> tuple[str, int]:
         address = ray.util.get_node_ip_address()
@@ -45,6 +46,7 @@ class TrainerActor:
 
         with self._memory_region("weights"):
             self.trainer = MegatronTrainer(self.args, self.rank, self.world_size, master_addr, master_port)
+        self.policy_inputs = PolicyInputs(self.args, DataParallel.of_megatron(self.trainer.device))
         if self.args.load:
             return self.trainer.load(self.args.load)
         return None
@@ -53,13 +55,11 @@ class TrainerActor:
         """``(data-parallel rank, log-probs of its shard)`` from one reporting rank per shard, else None."""
         from megatron.core import parallel_state as mpu
 
-        from slime.ray.train_data import step_shard
-
-        dp_rank = mpu.get_data_parallel_rank()
-        shard = step_shard(data, 0, 1, dp_rank, mpu.get_data_parallel_world_size())
+        dp = self.policy_inputs.dp
+        shard = step_shard(data, 0, 1, dp.rank, dp.size)
         log_probs = self.trainer.compute_log_probs(shard, temperature)
         reporting = mpu.get_tensor_model_parallel_rank() == 0 and mpu.get_context_parallel_rank() == 0
-        return (dp_rank, log_probs) if log_probs is not None and reporting else None
+        return (dp.rank, log_probs) if log_probs is not None and reporting else None
 
     def train(self, data: TrainData, update_policy: bool = True) -> list[dict[str, float]]:
         """``--num-steps-per-rollout`` optimizer steps over one rollout; metrics of every step.
@@ -96,157 +96,15 @@ class TrainerActor:
         from megatron.core import parallel_state as mpu
 
         reporting = mpu.get_tensor_model_parallel_rank() == 0 and mpu.get_context_parallel_rank() == 0
-        return self._returns if reporting else None
+        return self.policy_inputs.returns if reporting else None
 
     def _step_shards(self, data: TrainData) -> list[TrainData]:
-        """This rank's shard of every optimizer step, with the policy loss's inputs when it needs them.
-
-        Outcome-reward advantages are computed over the whole rollout (groups may straddle shards), as
-        are ``--custom-advantage-function-path``'s (``fn(args, data)``: one list of per-token floats per
-        sample, used instead of the built-in estimator);
-        token-level ones (``reinforce_plus_plus``) after ``add_policy_inputs``, from the old and reference
-        log-probs, whitened with moments summed over the data-parallel ranks.
-        """
-        from megatron.core import parallel_state as mpu
-
-        from slime.algorithms import advantages as adv
-        from slime.ray.train_data import step_shard
-
-        args = self.args
-        # A custom loss gets the policy loss's inputs (advantages, old/ref log-probs) too.
-        policy = args.loss_type in ("policy_loss", "custom_loss")
-        custom = args.custom_advantage_function_path is not None
-        token_level = not custom and args.advantage_estimator in adv.TOKEN_LEVEL_ESTIMATORS
-        if policy and custom:
-            fn = getattr(self, "_custom_advantage_fn", None)  # loaded once per actor
-            if fn is None:
-                from slime.utils.plugins import load_function
-
-                fn = self._custom_advantage_fn = load_function(args.custom_advantage_function_path)
-            advantages = [[float(x) for x in a] for a in fn(args, data)]
-            lengths = [len(m) for m in data["loss_masks"]]
-            if [len(a) for a in advantages] != lengths:
-                raise ValueError(
-                    f"{args.custom_advantage_function_path} returned advantages of lengths "
-                    f"{[len(a) for a in advantages]}; expected one per response token: {lengths}"
-                )
-            data = {**data, "advantages": advantages}
-        elif policy and not token_level:
-            data = {**data, "advantages": self._outcome_advantages(data, data["rewards"])}
-        # Where each sample sits in the rollout, so that values computed per shard find their sample.
-        data = {**data, "positions": list(range(len(data["tokens"])))}
-        dp_rank, dp_size = mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size()
-        steps = args.num_steps_per_rollout
-        shards = [step_shard(data, s, steps, dp_rank, dp_size, args.loss_agg_mode) for s in range(steps)]
-        if not policy:
-            return shards
-        self.trainer.add_policy_inputs(shards)
-        # Only the last pipeline stage has log-probs, and only it computes the loss.
-        if "old_log_probs" not in shards[0]:
-            return shards
-        if token_level:
-            self._token_level_advantages(shards)
-        elif args.kl_coef and not custom:
-            self._kl_shaped_outcome_advantages(data, shards)
+        """This rank's shard of every optimizer step, with the policy loss's inputs when it needs them."""
+        shards = self.policy_inputs.shards(data)
+        if self.policy_inputs.trains_policy:
+            self.trainer.add_policy_inputs(shards)
+            self.policy_inputs.complete(data, shards)
         return shards
-
-    def _token_level_advantages(self, shards: list[TrainData]) -> None:
-        """REINFORCE++ returns or PPO's GAE over this rank's samples of the rollout, whitened with moments
-        summed over the data-parallel ranks; PPO also keeps the returns for the critic (``returns``)."""
-        import torch
-
-        from slime.algorithms import advantages as adv
-
-        args = self.args
-        keys = ("rewards", "old_log_probs", "ref_log_probs", "loss_masks", "values", "positions")
-        merged = {k: [v for shard in shards for v in shard[k]] for k in keys if k in shards[0]}
-        if args.advantage_estimator == "ppo":
-            if "values" not in merged:
-                raise KeyError("ppo needs the critic's values in the train data (TrainerGroup adds them)")
-            advantages, returns = adv.ppo_advantages(
-                merged["rewards"],
-                [torch.as_tensor(v).float() for v in merged["values"]],
-                merged["old_log_probs"],
-                merged.get("ref_log_probs"),
-                merged["loss_masks"],
-                args.kl_coef,
-                args.gamma,
-                args.lambd,
-                reduce=self._sum_over_data_parallel,
-            )
-            self._returns = [(p, r.tolist()) for p, r in zip(merged["positions"], returns, strict=True)]
-        else:
-            advantages = adv.reinforce_plus_plus_advantages(
-                merged["rewards"],
-                merged["old_log_probs"],
-                merged.get("ref_log_probs"),
-                merged["loss_masks"],
-                args.kl_coef,
-                args.gamma,
-                reduce=self._sum_over_data_parallel,
-            )
-        remaining = iter(advantages)
-        for shard in shards:
-            shard["advantages"] = [next(remaining) for _ in shard["tokens"]]
-
-    def _outcome_advantages(self, data: TrainData, rewards: list[float]) -> list:
-        """``--advantage-estimator``'s per-token advantages of the rollout ``data`` for ``rewards``
-        (the data's own, or KL-shaped), normalised over the rollout's prompt groups."""
-        from slime.algorithms import advantages as adv
-
-        args = self.args
-        return adv.outcome_advantages(
-            rewards,
-            data["response_lengths"],
-            data.get("prompt_groups") or args.n_samples_per_prompt,
-            args.advantage_estimator,
-            normalize_std=not args.disable_grpo_std_normalization,
-            loss_masks=data["loss_masks"],
-            valid=data.get("valid_rewards"),
-        )
-
-    def _kl_shaped_outcome_advantages(self, data: TrainData, shards: list[TrainData]) -> None:
-        """``--kl-coef`` with an outcome-reward estimator: every rank shapes the rewards of its samples
-        (``r - kl_coef · Σ_t k1_t``, which needs its old and reference log-probs), the shaped rewards of
-        the whole rollout are gathered over the data-parallel ranks, and the estimator runs on them
-        (its groups may straddle ranks)."""
-        import torch.distributed as dist
-        from megatron.core import parallel_state as mpu
-
-        from slime.algorithms import advantages as adv
-
-        args = self.args
-        keys = ("rewards", "old_log_probs", "ref_log_probs", "loss_masks", "positions")
-        merged = {k: [v for shard in shards for v in shard[k]] for k in keys}
-        shaped = adv.kl_shaped_rewards(
-            merged["rewards"],
-            merged["old_log_probs"],
-            merged["ref_log_probs"],
-            merged["loss_masks"],
-            args.kl_coef,
-        )
-        parts = [list(zip(merged["positions"], shaped, strict=True))]
-        group = mpu.get_data_parallel_group()
-        if dist.get_world_size(group) > 1:
-            parts = [None] * dist.get_world_size(group)
-            dist.all_gather_object(parts, list(zip(merged["positions"], shaped, strict=True)), group=group)
-        rewards = list(data["rewards"])
-        for position, reward in (item for part in parts for item in part):
-            rewards[position] = reward
-        advantages = self._outcome_advantages(data, rewards)
-        for shard in shards:
-            shard["advantages"] = [advantages[p] for p in shard["positions"]]
-
-    def _sum_over_data_parallel(self, value: Any) -> Any:
-        import torch.distributed as dist
-        from megatron.core import parallel_state as mpu
-
-        group = mpu.get_data_parallel_group()
-        if dist.get_world_size(group) == 1:
-            return value
-        value = value.to(self.trainer.device)
-        dist.all_reduce(value, group=group)
-        return value.cpu()
 
     def hf_state_dict(self) -> dict | None:
         with self._on_device(["weights"]):

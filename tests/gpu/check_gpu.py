@@ -52,9 +52,9 @@ def check_megatron_bf16(model: Path, root: Path) -> dict[str, float]:
     """One bf16 SFT step of megatron-core on CUDA (NCCL world of one) through ``MegatronTrainer``."""
     from conftest import model_args
 
+    from slime.backends.megatron.policy_inputs import step_shard
     from slime.backends.megatron.trainer import MegatronTrainer
     from slime.config import parse_args
-    from slime.ray.train_data import step_shard
     from slime.utils.http import free_port
 
     args = parse_args(

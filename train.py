@@ -30,11 +30,12 @@ def train(args: argparse.Namespace) -> None:
         loop.start()
         for rollout_id in tqdm(loop.rollout_ids(), desc="rollouts", unit="rollout"):
             data = loop.generate(rollout_id)
-            session.hand_gpus_to_trainer()  # --colocate: the engines release their memory
+            session.hand_gpus_to_trainer()  # --colocate: engines release their memory, the trainer takes it
             metrics = loop.train(data)
             loop.save(rollout_id)
             if loop.push_due(rollout_id):
                 metrics.update(loop.push_weights())
+            session.hand_gpus_to_engines()  # --colocate: the trainer releases its memory, engines take it
             loop.finish(rollout_id, metrics)
         loop.close()
     logger.info("done; peak memory of all processes %.2f GiB", memory.peak_bytes / 2**30)

@@ -78,7 +78,8 @@ def test_colocated_rollouts_hand_weights_over_in_place(ray_cluster, tiny_models,
     with TrainingSession(args) as session:
         urls = session.engine_urls
         assert len(urls) == 2
-        session.push_weights(1)  # the trainer's state leaves its GPU; the engines keep theirs
+        session.push_weights(1)
+        session.hand_gpus_to_engines()  # the trainer's state leaves its GPU; the engines keep theirs
         assert trainer_steps(session, 0) == [("offload", "train_state"), ("offload", "weights")]
         previous = assert_engines_equal_trainer(session, urls, "1")
         before = {url: len(engine_events(url)) for url in urls}
@@ -92,6 +93,7 @@ def test_colocated_rollouts_hand_weights_over_in_place(ray_cluster, tiny_models,
             metrics = session.trainer.train(data)[0]
             assert metrics["grad_norm"] > 0
             session.push_weights(rollout_id + 2)
+            session.hand_gpus_to_engines()
             # Rank 0 of the trainer: its state back before training, the optimizer state away before
             # the engines resume, the weights away after the handoff.
             assert trainer_steps(session, mark) == [
@@ -191,7 +193,7 @@ def test_safe_unpickler_refuses_anything_but_tensor_payloads():
 
 
 def test_device_memory_frees_storages_and_restores_them_intact():
-    from slime.utils.device import DeviceMemory
+    from slime.utils.memory import DeviceMemory
 
     buffer = torch.arange(12.0)
     params = [buffer[:6].view(2, 3), buffer[6:]]  # views of one storage, as Megatron's parameters are

@@ -66,6 +66,7 @@ class RolloutLoop:
         """Engines take the trainer's weights (they differ after ``--load``); evaluation before training."""
         args, session = self.args, self.session
         session.push_weights(self.version)
+        session.hand_gpus_to_engines()  # --colocate: the trainer's state leaves the GPUs it shares
         if args.eval_interval and not args.skip_eval_before_train:
             rollout_id = session.start_rollout_id - 1
             self.metrics_logger.log(rollout_id, ray.get(session.rollout.eval.remote(rollout_id)))

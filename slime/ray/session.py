@@ -131,10 +131,22 @@ class TrainingSession:
 
     def hand_gpus_to_trainer(self) -> None:
         """--colocate, after generating: the engines free their GPU memory, the trainer takes it back."""
-        if not self.args.colocate or self.trainer is None or not uses_engines(self.args):
+        if not self._colocated():
             return
         self._engine_memory("/release_memory_occupation", ["weights", "kv_cache"])
         self.trainer.onload(["weights", "train_state"])
+
+    def hand_gpus_to_engines(self) -> None:
+        """--colocate, after the weight push: the trainer's state leaves its GPU and the engines take their
+        memory back (the weights' part was resumed by the push, which loads them in place; the KV cache
+        comes last, once the trainer's weights are gone)."""
+        if not self._colocated():
+            return
+        self.trainer.offload(["train_state", "weights"])
+        self._engine_memory("/resume_memory_occupation", ["weights", "kv_cache"])
+
+    def _colocated(self) -> bool:
+        return bool(self.args.colocate) and self.trainer is not None and uses_engines(self.args)
 
     def push_weights(self, version: int | None = None) -> dict[str, float]:
         """Trainer weights to every engine; their ``weight_version`` becomes ``version`` (default: the
@@ -153,16 +165,12 @@ class TrainingSession:
         self._post_external("/pause_generation", {"mode": "abort"})
         failed = True
         try:
-            if not self.args.colocate:
-                metrics = self._update_in_session()
-            else:
-                # --colocate: the optimizer state leaves first, the engines take their weights' memory
-                # back, the weights are handed over from the trainer's GPU, then its copy leaves too.
+            if self.args.colocate:
+                # The optimizer state leaves first, the engines take their weights' memory back, and
+                # the weights are handed over from the trainer's GPU (``hand_gpus_to_engines`` follows).
                 self.trainer.offload(["train_state"])
                 self._engine_memory("/resume_memory_occupation", ["weights"])
-                metrics = self._update_in_session()
-                self.trainer.offload(["weights"])
-                self._engine_memory("/resume_memory_occupation", ["kv_cache"])
+            metrics = self._update_in_session()
             failed = False
             return metrics
         finally:

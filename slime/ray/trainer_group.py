@@ -77,7 +77,7 @@ class TrainerActor:
 
     def _memory_region(self, tag: str):
         """Under --colocate, allocations inside can be offloaded as ``tag`` (torch_memory_saver on GPU)."""
-        from slime.utils.device import memory_region
+        from slime.utils.memory import memory_region
 
         return memory_region(tag) if self.args.colocate else contextlib.nullcontext()
 
@@ -256,7 +256,7 @@ class TrainerGroup:
         return sum(self._call("onload", tags))
 
     def memory_events(self) -> list:
-        """Rank 0's offload/onload transitions (``slime.utils.device.MemoryEvent``), oldest first."""
+        """Rank 0's offload/onload transitions (``slime.utils.memory.MemoryEvent``), oldest first."""
         return self._call("memory_events")[0]
 
     def update_weights(self, weight_version: str) -> dict[str, float]:

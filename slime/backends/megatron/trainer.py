@@ -47,7 +47,8 @@ from slime.backends.megatron.model import (
 )
 from slime.backends.megatron.packed_attention import packed_seq_params
 from slime.backends.megatron.value_head import attach_value_heads
-from slime.utils.device import DeviceMemory, distributed_backend, setup_device, storage_key
+from slime.utils.device import distributed_backend, setup_device
+from slime.utils.memory import DeviceMemory, storage_key
 from slime.weight_sync.bucketing import iter_buckets
 from slime.weight_sync.senders import is_stage_leader, walks_hf_weights
 
@@ -457,7 +458,7 @@ class MegatronTrainer:
         return memory is not None and any(memory.is_offloaded(tag) for tag in ("weights", "train_state"))
 
     def offload(self, tags: list[str]) -> int:
-        """Moves the groups ``tags`` off the device (``slime.utils.device.DeviceMemory``); bytes freed."""
+        """Moves the groups ``tags`` off the device (``slime.utils.memory.DeviceMemory``); bytes freed."""
         groups = self.memory_groups()
         weights = {storage_key(t) for t in groups["weights"]}
         freed = 0

@@ -28,7 +28,6 @@ import shutil
 import sys
 import tempfile
 import time
-from argparse import Namespace
 from pathlib import Path
 
 import torch
@@ -102,6 +101,7 @@ def main() -> None:
     from megatron.core import parallel_state as mpu
 
     from slime.weight_sync.distributed import DistributedWeightUpdater
+    from slime.weight_sync.settings import WeightSyncSettings
     from slime.weight_sync.tensor import TensorWeightUpdater
     from tools.make_tiny_model import make_tiny_model
 
@@ -142,12 +142,12 @@ def main() -> None:
     # The updaters ask torch.distributed and Megatron for their ranks: a world of one trainer rank.
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     mpu.initialize_model_parallel()
-    args = Namespace(update_weights_timeout=300.0, update_weight_buffer_size=bucket_bytes)
+    settings = WeightSyncSettings("distributed", bucket_bytes=bucket_bytes, timeout_s=300.0)
     trainer = StandInTrainer(state)
-    distributed = DistributedWeightUpdater(args, trainer)
-    distributed.connect([url], 1)
-    tensor = TensorWeightUpdater(args, trainer)
-    tensor.connect([url], 1)
+    distributed = DistributedWeightUpdater(settings, trainer)
+    distributed.connect([url])
+    tensor = TensorWeightUpdater(settings, trainer)
+    tensor.connect([url])
 
     raw_port = free_port()
     receiver = mp.get_context("spawn").Process(

@@ -27,6 +27,7 @@ from slime.ray.critic import critic_args, critic_gpus
 from slime.ray.trainer_group import TrainerGroup
 from slime.utils.http import HttpError, get_json
 from slime.weight_sync.engine_client import ERROR_PATH_TIMEOUT_S, post_all, weight_update_session
+from slime.weight_sync.settings import WeightSyncSettings
 
 logger = logging.getLogger("slime")
 
@@ -40,6 +41,7 @@ class TrainingSession:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
+        self.weight_sync = WeightSyncSettings.from_args(args)
         self.pg = None
         self.trainer: TrainerGroup | None = None
         self.rollout = None
@@ -106,7 +108,7 @@ class TrainingSession:
         self.external_urls = [self._register_external(a) for a in args.rollout_external_engine_addrs or []]
         if engines and self.trainer is not None:
             urls = self.engine_urls + self.external_urls
-            self.trainer.connect_engines(urls, args.rollout_num_gpus_per_engine)
+            self.trainer.connect_engines(urls, self.weight_sync)
 
     def _register_external(self, addr: str) -> str:
         """An engine slime did not start: checked through ``/get_server_info``, added to the router.
@@ -119,8 +121,8 @@ class TrainingSession:
         except (OSError, HttpError) as exc:
             raise RuntimeError(f"--rollout-external-engine-addrs {addr}: no engine answers ({exc})") from None
         tp_size = int(info.get("tp_size", 1))
-        per_engine = self.args.rollout_num_gpus_per_engine
-        if self.args.update_weight_transport == "distributed" and tp_size != per_engine:
+        per_engine = self.weight_sync.ranks_per_engine
+        if self.weight_sync.transport == "distributed" and tp_size != per_engine:
             raise RuntimeError(
                 f"--rollout-external-engine-addrs {addr}: tp_size {tp_size} differs from "
                 f"--rollout-num-gpus-per-engine {per_engine}; use --update-weight-transport disk"
@@ -184,8 +186,8 @@ class TrainingSession:
 
     def _update_in_session(self) -> dict[str, float]:
         urls = self.engine_urls + self.external_urls
-        in_session = urls if self.args.update_weight_transport != "disk" else []
-        with weight_update_session(in_session, self.args.update_weights_timeout):
+        in_session = urls if self.weight_sync.transport != "disk" else []
+        with weight_update_session(in_session, self.weight_sync.timeout_s):
             return self.trainer.update_weights(str(self.weight_version))
 
     def _engine_memory(self, path: str, tags: list[str]) -> None:
@@ -194,7 +196,7 @@ class TrainingSession:
             tags = [tag for tag in tags if tag in self._released]
             if not tags:
                 return
-        for reply in post_all(self.engine_urls, path, {"tags": tags}, self.args.update_weights_timeout):
+        for reply in post_all(self.engine_urls, path, {"tags": tags}, self.weight_sync.timeout_s):
             reply.result()
         if path == "/release_memory_occupation":
             self._released.update(tags)
@@ -202,7 +204,7 @@ class TrainingSession:
             self._released.difference_update(tags)
 
     def _post_external(self, path: str, payload: dict) -> None:
-        for reply in post_all(self.external_urls, path, payload, self.args.update_weights_timeout):
+        for reply in post_all(self.external_urls, path, payload, self.weight_sync.timeout_s):
             reply.result()
 
     def close(self) -> None:

@@ -22,6 +22,7 @@ from slime.ray.cluster import actor_gpus
 from slime.utils.device import worker_env
 from slime.utils.http import free_port
 from slime.weight_sync.engine_client import EngineCallError
+from slime.weight_sync.settings import WeightSyncSettings
 
 logger = logging.getLogger(__name__)
 
@@ -124,11 +125,11 @@ class TrainerActor:
         """Micro-batches this rank ran in its last forward/backward pass."""
         return self.trainer.num_micro_batches
 
-    def connect_engines(self, engine_urls: list[str], ranks_per_engine: int) -> None:
+    def connect_engines(self, engine_urls: list[str], settings: WeightSyncSettings) -> None:
         from slime.weight_sync.transport import build_weight_updater
 
-        self.updater = build_weight_updater(self.args, self.trainer)
-        self.updater.connect(engine_urls, ranks_per_engine)
+        self.updater = build_weight_updater(settings, self.trainer)
+        self.updater.connect(engine_urls)
 
     def update_weights(self, weight_version: str) -> dict[str, float]:
         return self.updater.update(weight_version)
@@ -243,9 +244,9 @@ class TrainerGroup:
         """Exports the current weights as an HF checkpoint (transformers- and engine-loadable)."""
         return next(path for path in self._call("save_hf", directory) if path)
 
-    def connect_engines(self, engine_urls: list[str], ranks_per_engine: int) -> None:
+    def connect_engines(self, engine_urls: list[str], settings: WeightSyncSettings) -> None:
         """Opens the weight-update groups between the trainer and every engine."""
-        self._call("connect_engines", engine_urls, ranks_per_engine)
+        self._call("connect_engines", engine_urls, settings)
 
     def offload(self, tags: list[str]) -> int:
         """--colocate: moves ``weights`` and/or ``train_state`` off every rank's GPU; returns the bytes

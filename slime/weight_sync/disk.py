@@ -10,25 +10,24 @@ name and renames it when complete, so an engine never reads half a snapshot; the
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import time
 from pathlib import Path
 
 from slime.weight_sync.engine_client import post_all
+from slime.weight_sync.settings import WeightSyncSettings
 
 SNAPSHOT_PREFIX = "weights_v"
 
 
 class DiskWeightUpdater:
-    def __init__(self, args: argparse.Namespace, trainer) -> None:
-        self.args = args
+    def __init__(self, settings: WeightSyncSettings, trainer) -> None:
         self.trainer = trainer
-        self.root = Path(args.update_weight_disk_dir)
-        self.timeout = float(args.update_weights_timeout)
+        self.root = Path(settings.disk_dir)
+        self.timeout = settings.timeout_s
         self.engine_urls: list[str] = []
 
-    def connect(self, engine_urls: list[str], ranks_per_engine: int) -> None:
+    def connect(self, engine_urls: list[str]) -> None:
         self.engine_urls = list(engine_urls)
 
     def update(self, weight_version: str) -> dict[str, float]:

@@ -22,7 +22,6 @@ scheduler); the torch engine gives it up when the group is destroyed.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import time
 from collections.abc import Callable
@@ -43,6 +42,7 @@ from slime.weight_sync.process_group import (
     wait_for_work,
 )
 from slime.weight_sync.senders import is_stage_leader, walks_hf_weights
+from slime.weight_sync.settings import WeightSyncSettings
 
 logger = logging.getLogger(__name__)
 
@@ -51,12 +51,12 @@ REFUSAL_GRACE_S = 5.0
 
 
 class DistributedWeightUpdater:
-    def __init__(self, args: argparse.Namespace, trainer) -> None:
-        self.args = args
+    def __init__(self, settings: WeightSyncSettings, trainer) -> None:
+        self.settings = settings
         self.trainer = trainer
-        self.timeout = float(args.update_weights_timeout)
+        self.timeout = settings.timeout_s
         self.engine_urls: list[str] = []
-        self.ranks_per_engine = 1
+        self.ranks_per_engine = settings.ranks_per_engine
         self.group = None
         self.groups_opened = 0  # a group dropped after a failed push is replaced under a new name
         self.group_name = ""
@@ -70,10 +70,9 @@ class DistributedWeightUpdater:
     def _is_sender(self) -> bool:
         return is_stage_leader()
 
-    def connect(self, engine_urls: list[str], ranks_per_engine: int) -> None:
+    def connect(self, engine_urls: list[str]) -> None:
         """Opens this stage's group with every engine; both sides block until all have joined."""
         self.engine_urls = list(engine_urls)
-        self.ranks_per_engine = ranks_per_engine
         self._open_in_stage_order(self._is_sender)
 
     def _open_in_stage_order(self, opening: bool) -> None:
@@ -151,7 +150,7 @@ class DistributedWeightUpdater:
                 raise reopen_error
             # The next bucket is packed while the previous one is on the wire.
             num_bytes = send_pipelined(
-                weights, self.args.update_weight_buffer_size, self._staging, self._start_send, weight_version
+                weights, self.settings.bucket_bytes, self._staging, self._start_send, weight_version
             )
         except Exception:
             for _ in weights:  # finish the gathers the other tensor-parallel ranks are in

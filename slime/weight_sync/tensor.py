@@ -18,7 +18,6 @@ leader then raises the engine's message.
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections.abc import Callable
 
@@ -27,22 +26,24 @@ import torch.distributed as dist
 from slime.weight_sync import ipc
 from slime.weight_sync.bucketing import send_pipelined
 from slime.weight_sync.engine_client import post_all, wait_all
+from slime.weight_sync.settings import WeightSyncSettings
 
 
 class TensorWeightUpdater:
-    def __init__(self, args: argparse.Namespace, trainer) -> None:
-        self.args = args
+    def __init__(self, settings: WeightSyncSettings, trainer) -> None:
+        self.settings = settings
         self.trainer = trainer
-        self.timeout = float(args.update_weights_timeout)
+        self.timeout = settings.timeout_s
         self.engine_url: str | None = None
         self.engine_group = None  # the k trainer ranks of one multi-GPU engine (gloo, for the handles)
         self.leader = 0  # global rank that posts for this rank's engine
         self._refusal: Exception | None = None  # the leader's: its engine refused a bucket of this push
         self._staging = (ipc.StagingBuffer(), ipc.StagingBuffer())
 
-    def connect(self, engine_urls: list[str], ranks_per_engine: int) -> None:
+    def connect(self, engine_urls: list[str]) -> None:
         """Pairs this rank with the engine on its GPU; every rank takes part (it builds the groups)."""
         rank, world = dist.get_rank(), dist.get_world_size()
+        ranks_per_engine = self.settings.ranks_per_engine
         if len(engine_urls) * ranks_per_engine != world:
             raise ValueError(
                 f"{len(engine_urls)} engines of {ranks_per_engine} GPUs do not match the {world} trainer "
@@ -65,7 +66,7 @@ class TensorWeightUpdater:
         # The next bucket is packed while the engine copies the previous one.
         num_bytes = send_pipelined(
             self.trainer.iter_hf_weights(),
-            self.args.update_weight_buffer_size,
+            self.settings.bucket_bytes,
             self._staging,
             self._start_hand_over,
             weight_version,

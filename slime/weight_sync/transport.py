@@ -1,33 +1,35 @@
 """``--update-weight-transport``: which updater a trainer rank uses to bring its weights to the engines.
 
-Every updater has the same three calls, made on every trainer rank by ``TrainerActor``:
-``connect(engine_urls, ranks_per_engine)``, ``update(weight_version) -> metrics`` and ``disconnect()``.
+Every updater is built from ``WeightSyncSettings`` and the rank's trainer, and has the same three calls,
+made on every trainer rank by ``TrainerActor``: ``connect(engine_urls)``,
+``update(weight_version) -> metrics`` and ``disconnect()``.
 """
 
 from __future__ import annotations
 
-import argparse
 from typing import Protocol
+
+from slime.weight_sync.settings import WeightSyncSettings
 
 
 class WeightUpdater(Protocol):
-    def connect(self, engine_urls: list[str], ranks_per_engine: int) -> None: ...
+    def connect(self, engine_urls: list[str]) -> None: ...
 
     def update(self, weight_version: str) -> dict[str, float]: ...
 
     def disconnect(self) -> None: ...
 
 
-def build_weight_updater(args: argparse.Namespace, trainer) -> WeightUpdater:
+def build_weight_updater(settings: WeightSyncSettings, trainer) -> WeightUpdater:
     """distributed: process-group broadcast; tensor: in place (colocated); disk: safetensors snapshots."""
-    if args.update_weight_transport == "tensor":
+    if settings.transport == "tensor":
         from slime.weight_sync.tensor import TensorWeightUpdater
 
-        return TensorWeightUpdater(args, trainer)
-    if args.update_weight_transport == "disk":
+        return TensorWeightUpdater(settings, trainer)
+    if settings.transport == "disk":
         from slime.weight_sync.disk import DiskWeightUpdater
 
-        return DiskWeightUpdater(args, trainer)
+        return DiskWeightUpdater(settings, trainer)
     from slime.weight_sync.distributed import DistributedWeightUpdater
 
-    return DistributedWeightUpdater(args, trainer)
+    return DistributedWeightUpdater(settings, trainer)

@@ -299,6 +299,7 @@ def check_real_sglang(model: Path, root: Path) -> dict[str, float | str | bool]:
     from slime.utils.http import ServerProcess, free_port, is_ok
     from slime.weight_sync import distributed as distributed_sync
     from slime.weight_sync.engine_client import weight_update_session
+    from slime.weight_sync.settings import WeightSyncSettings
     from slime.weight_sync.tensor import TensorWeightUpdater
 
     launch = _argparse.Namespace(
@@ -327,16 +328,16 @@ def check_real_sglang(model: Path, root: Path) -> dict[str, float | str | bool]:
             )
         if not mpu.model_parallel_is_initialized():
             mpu.initialize_model_parallel()
-        args = _argparse.Namespace(update_weights_timeout=120.0, update_weight_buffer_size=1 << 20)
+        settings = WeightSyncSettings("distributed", bucket_bytes=1 << 20, timeout_s=120.0)
         trainer = StandInTrainer(state)
 
         distributed_sync.distributed_backend = lambda: "gloo"  # one GPU cannot hold two NCCL ranks
         updaters = {
-            "distributed": distributed_sync.DistributedWeightUpdater(args, trainer),
-            "tensor": TensorWeightUpdater(args, trainer),
+            "distributed": distributed_sync.DistributedWeightUpdater(settings, trainer),
+            "tensor": TensorWeightUpdater(settings, trainer),
         }
         for seed, (name, updater) in enumerate(updaters.items(), start=1):
-            updater.connect([url], 1)
+            updater.connect([url])
             trainer.perturb(seed)
             start = time.perf_counter()
             with weight_update_session([url], 120):  # as TrainingSession.push_weights opens it

@@ -67,7 +67,7 @@ class TrainerActor:
 
         ``update_policy`` False (PPO's ``--num-critic-only-steps`` warm-up) prepares the rollout as usual
         (old/ref log-probs, GAE returns for the critic) but takes no optimizer step."""
-        if self.trainer.offloaded:
+        if self.trainer.memory.offloaded:
             raise RuntimeError("the trainer's memory is offloaded (--colocate); onload it before training")
         with self._memory_region("train_state"):  # Adam's state is created at the first step
             shards = self._step_shards(data)
@@ -83,10 +83,10 @@ class TrainerActor:
         return memory_region(tag) if self.args.colocate else contextlib.nullcontext()
 
     def offload(self, tags: list[str]) -> int:
-        return self.trainer.offload(tags)
+        return self.trainer.memory.offload(tags)
 
     def onload(self, tags: list[str]) -> int:
-        return self.trainer.onload(tags)
+        return self.trainer.memory.onload(tags)
 
     def memory_events(self) -> list:
         return list(self.trainer.memory.events)
@@ -115,11 +115,11 @@ class TrainerActor:
     def _on_device(self, tags: list[str]):
         """Brings offloaded groups back for a call (a save between colocated rollouts), then offloads them."""
         back = [tag for tag in tags if self.trainer.memory.is_offloaded(tag)]
-        self.trainer.onload(back)
+        self.trainer.memory.onload(back)
         try:
             yield
         finally:
-            self.trainer.offload(back)
+            self.trainer.memory.offload(back)
 
     def micro_batch_count(self) -> int:
         """Micro-batches this rank ran in its last forward/backward pass."""

@@ -1,13 +1,16 @@
-"""HF checkpoints in and out of a (possibly sharded) Megatron model."""
+"""HF checkpoints in and out of a (possibly sharded) Megatron model: loading, walking the weights as
+full HF tensors, streaming them to global rank 0 bucket by bucket, and writing them."""
 
 from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+from megatron.core import parallel_state as mpu
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -17,6 +20,8 @@ from slime.backends.megatron.sharding import (
     named_global_params,
     shard_for_this_rank,
 )
+from slime.weight_sync.bucketing import iter_buckets
+from slime.weight_sync.senders import is_stage_leader, walks_hf_weights
 
 
 class SafetensorsReader:
@@ -78,6 +83,53 @@ def iter_hf_weights(
     for chunk in model_chunks:
         for name, full in gathered_global_tensors(chunk, gated):
             yield from converter.hf_from_megatron(name, full)
+
+
+def stream_hf_weights(
+    model_chunks: list[torch.nn.Module],
+    converter: ModelConverter,
+    gated: bool,
+    bucket_bytes: int,
+    device: torch.device,
+    consume: Callable[[list[tuple[str, torch.Tensor]]], None],
+) -> None:
+    """Every HF tensor of every pipeline stage, in buckets of ``bucket_bytes``, handed to ``consume`` on
+    global rank 0 (a collective: every rank calls it, after the parameters are gathered).
+
+    Stage by stage, the ranks that gather a stage's shards walk its weights and only the stage's
+    leader keeps them: rank 0 consumes its own stage's buckets, the other leaders send theirs to
+    rank 0 one at a time, each after rank 0 has taken the previous one. No rank holds more than
+    a bucket or two beyond its model (before, every rank copied its whole model and rank 0
+    received all of them at once). On rank 0 a tensor may be a view of a live parameter:
+    ``consume`` copies what it keeps.
+    """
+    rank, stage = dist.get_rank(), mpu.get_pipeline_model_parallel_rank()
+    leaders = dist.get_process_group_ranks(mpu.get_pipeline_model_parallel_group()) if rank == 0 else []
+    ack = torch.zeros(1, device=device)  # rank 0 took a bucket: the next may come
+    for current in range(mpu.get_pipeline_model_parallel_world_size()):
+        if stage == current and walks_hf_weights():
+            weights = iter_hf_weights(model_chunks, converter, gated=gated)
+            if not is_stage_leader():
+                for _ in weights:  # the stage's other ranks only take part in the gathers
+                    pass
+                continue
+            for bucket in iter_buckets(weights, bucket_bytes):
+                if rank == 0:
+                    consume([(name, tensor.cpu()) for name, tensor in bucket])
+                    continue
+                # A copy of each tensor: pickling a view of a parameter would carry its whole storage.
+                dist.send_object_list([[(name, t.to("cpu", copy=True)) for name, t in bucket]], dst=0)
+                dist.recv(ack, src=0)
+            if rank != 0:
+                dist.send_object_list([None], dst=0)
+        if rank == 0 and leaders[current] != 0:
+            while True:
+                box = [None]
+                dist.recv_object_list(box, src=leaders[current])
+                if box[0] is None:
+                    break
+                consume(box[0])
+                dist.send(ack, dst=leaders[current])
 
 
 class HFCheckpointWriter:

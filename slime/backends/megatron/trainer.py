@@ -36,7 +36,12 @@ from slime.backends.megatron.batching import (
 from slime.backends.megatron.config import padded_vocab_size, transformer_config_from_args
 from slime.backends.megatron.conversion import ModelConverter, get_converter
 from slime.backends.megatron.conversion.base import ModelShape
-from slime.backends.megatron.hf_checkpoint import HFCheckpointWriter, iter_hf_weights, load_hf_weights
+from slime.backends.megatron.hf_checkpoint import (
+    HFCheckpointWriter,
+    iter_hf_weights,
+    load_hf_weights,
+    stream_hf_weights,
+)
 from slime.backends.megatron.logprobs import token_logprobs_and_entropy
 from slime.backends.megatron.loss import LossFn, build_loss_fn, needs_reference
 from slime.backends.megatron.model import (
@@ -45,12 +50,10 @@ from slime.backends.megatron.model import (
     virtual_stages,
     wrap_for_training,
 )
+from slime.backends.megatron.offload import TrainerMemory
 from slime.backends.megatron.packed_attention import packed_seq_params
 from slime.backends.megatron.value_head import attach_value_heads
 from slime.utils.device import distributed_backend, setup_device
-from slime.utils.memory import DeviceMemory, storage_key
-from slime.weight_sync.bucketing import iter_buckets
-from slime.weight_sync.senders import is_stage_leader, walks_hf_weights
 
 logger = logging.getLogger(__name__)
 # megatron-core still calls the old names of these collectives; the warning is not actionable here.
@@ -124,6 +127,7 @@ class MegatronTrainer:
         self.model = wrap_for_training(args, self.config, chunks)
         total_steps = (args.num_rollout or 0) * args.num_steps_per_rollout
         self.optimizer, self.scheduler = build_optimizer(args, self.model, total_steps)
+        self.memory = TrainerMemory(self.model, self.optimizer)  # --colocate: offloaded between trainings
         self.loss_fn: LossFn = build_loss_fn(args)
         # SFT fits the data's own distribution; RL losses the one the engines sampled from.
         self.temperature = (
@@ -350,43 +354,16 @@ class MegatronTrainer:
 
     def stream_hf_weights(self, consume: Callable[[list[tuple[str, torch.Tensor]]], None]) -> None:
         """Every HF tensor of every pipeline stage, in buckets of ``--update-weight-buffer-size``
-        bytes, handed to ``consume`` on global rank 0 (a collective: every rank calls it).
-
-        Stage by stage, the ranks that gather a stage's shards walk its weights and only the stage's
-        leader keeps them: rank 0 consumes its own stage's buckets, the other leaders send theirs to
-        rank 0 one at a time, each after rank 0 has taken the previous one. No rank holds more than
-        a bucket or two beyond its model (before, every rank copied its whole model and rank 0
-        received all of them at once). On rank 0 a tensor may be a view of a live parameter:
-        ``consume`` copies what it keeps.
-        """
+        bytes, handed to ``consume`` on global rank 0 (a collective: every rank calls it)."""
         self._gather_params()
-        rank, stage = dist.get_rank(), mpu.get_pipeline_model_parallel_rank()
-        leaders = dist.get_process_group_ranks(mpu.get_pipeline_model_parallel_group()) if rank == 0 else []
-        ack = torch.zeros(1, device=self.device)  # rank 0 took a bucket: the next may come
-        for current in range(mpu.get_pipeline_model_parallel_world_size()):
-            if stage == current and walks_hf_weights():
-                weights = iter_hf_weights(self.model, self.converter, gated=self.args.swiglu)
-                if not is_stage_leader():
-                    for _ in weights:  # the stage's other ranks only take part in the gathers
-                        pass
-                    continue
-                for bucket in iter_buckets(weights, self.args.update_weight_buffer_size):
-                    if rank == 0:
-                        consume([(name, tensor.cpu()) for name, tensor in bucket])
-                        continue
-                    # A copy of each tensor: pickling a view of a parameter would carry its whole storage.
-                    dist.send_object_list([[(name, t.to("cpu", copy=True)) for name, t in bucket]], dst=0)
-                    dist.recv(ack, src=0)
-                if rank != 0:
-                    dist.send_object_list([None], dst=0)
-            if rank == 0 and leaders[current] != 0:
-                while True:
-                    box = [None]
-                    dist.recv_object_list(box, src=leaders[current])
-                    if box[0] is None:
-                        break
-                    consume(box[0])
-                    dist.send(ack, dst=leaders[current])
+        stream_hf_weights(
+            self.model,
+            self.converter,
+            self.args.swiglu,
+            self.args.update_weight_buffer_size,
+            self.device,
+            consume,
+        )
 
     def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
         """All HF weights, collected on global rank 0 (None elsewhere); for checks and small models."""
@@ -425,46 +402,3 @@ class MegatronTrainer:
         if dist.is_initialized():
             mpu.destroy_model_parallel()
             dist.destroy_process_group()
-
-    # ---- device memory under --colocate (the engines use the same GPUs between trainings) ----------
-
-    def memory_groups(self) -> dict[str, list[torch.Tensor]]:
-        """The tensors of each offload group: ``weights`` (parameters) and ``train_state`` (gradient
-        buffers, optimizer state and its fp32 main parameters), so the weights can stay for the handoff."""
-        params = [p for chunk in self.model for p in chunk.parameters()]
-        state = [p.main_grad for p in params if getattr(p, "main_grad", None) is not None]
-        state += [b.grad_data for chunk in self.model for b in getattr(chunk, "buffers", [])]
-
-        def torch_optimizers(optimizer):
-            for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
-                yield inner.optimizer
-
-        for optimizer in torch_optimizers(self.optimizer):
-            for group in optimizer.param_groups:
-                for param in group["params"]:
-                    state.append(param)
-                    state += [v for v in optimizer.state.get(param, {}).values() if torch.is_tensor(v)]
-        return {"weights": params, "train_state": state}
-
-    @property
-    def memory(self) -> DeviceMemory:
-        if getattr(self, "_memory", None) is None:
-            self._memory = DeviceMemory()
-        return self._memory
-
-    @property
-    def offloaded(self) -> bool:
-        memory = getattr(self, "_memory", None)  # never offloaded: no DeviceMemory was made
-        return memory is not None and any(memory.is_offloaded(tag) for tag in ("weights", "train_state"))
-
-    def offload(self, tags: list[str]) -> int:
-        """Moves the groups ``tags`` off the device (``slime.utils.memory.DeviceMemory``); bytes freed."""
-        groups = self.memory_groups()
-        weights = {storage_key(t) for t in groups["weights"]}
-        freed = 0
-        for tag in tags:
-            freed += self.memory.offload(tag, groups[tag], claimed=None if tag == "weights" else weights)
-        return freed
-
-    def onload(self, tags: list[str]) -> int:
-        return sum(self.memory.onload(tag) for tag in tags)

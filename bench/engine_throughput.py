@@ -25,52 +25,19 @@ import json
 import os
 import platform
 import random
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import requests
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from slime.backends.engine_server import start_engine_server  # noqa: E402
+from slime.backends.torch_engine.launcher import serving  # noqa: E402
 from tools.make_tiny_model import make_tiny_model  # noqa: E402
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start_engine(model: Path, batch: int, threads: int) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "slime.backends.torch_engine",
-        "--model-path",
-        str(model),
-        "--port",
-        str(port),
-    ]
-    cmd += ["--max-running-requests", str(batch), "--log-level", "warning", "--random-seed", "0"]
-    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            if requests.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
-        except requests.ConnectionError:
-            time.sleep(0.2)
-        if proc.poll() is not None:
-            raise RuntimeError("engine exited during start-up")
-    raise RuntimeError("engine did not start")
 
 
 def run_engine(url: str, prompts: list[list[int]], lengths: list[int]) -> tuple[float, list[list[int]]]:
@@ -160,7 +127,15 @@ def main() -> None:
         hf_logging.set_verbosity_error()
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         results: dict = {}
-        proc, url = start_engine(model_dir, args.batch, args.threads)
+        flags = ["--max-running-requests", str(args.batch), "--log-level", "warning", "--random-seed", "0"]
+        engine = start_engine_server(
+            "torch engine",
+            serving(model_dir, *flags),
+            Path(tmp) / "engine.log",
+            timeout_s=300,
+            env={"OMP_NUM_THREADS": str(args.threads)},
+        )
+        url = engine.url
         try:
             run_engine(url, prompts[:2], [8, 8])  # warm-up
             run_generate(model, prompts[:2], [8, 8], 0, args.batch)
@@ -187,8 +162,7 @@ def main() -> None:
                     "identical_outputs": f"{same}/{len(lengths)}",
                 }
         finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(60)
+            engine.stop()
 
     report = {
         "what": "useful decode tokens/s: torch engine over HTTP vs batched model.generate",

@@ -37,8 +37,10 @@ import torch.multiprocessing as mp
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from slime.backends.engine_server import start_engine_server  # noqa: E402
+from slime.backends.torch_engine.launcher import serving  # noqa: E402
 from slime.backends.torch_engine.weights import iter_safetensors  # noqa: E402
-from slime.utils.http import ServerProcess, free_port, get_json, is_ok, post_json_sync  # noqa: E402
+from slime.utils.http import free_port, get_json, post_json_sync  # noqa: E402
 from slime.weight_sync import ipc  # noqa: E402
 from slime.weight_sync.bucketing import iter_buckets, iter_packed_buckets  # noqa: E402
 from slime.weight_sync.engine_client import weight_update_session  # noqa: E402
@@ -119,25 +121,11 @@ def main() -> None:
     bucket_bytes = cli.bucket_mb * 2**20
     sizes = bucket_sizes(state, bucket_bytes)
 
-    port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": str(cli.threads)}
-    engine = ServerProcess(
-        "torch engine",
-        [
-            sys.executable,
-            "-m",
-            "slime.backends.torch_engine",
-            "--model-path",
-            str(model),
-            "--port",
-            str(port),
-        ],
-        work / "engine.log",
-        env,
+    threads = {"OMP_NUM_THREADS": str(cli.threads)}
+    engine = start_engine_server(
+        "torch engine", serving(model), work / "engine.log", timeout_s=300, env=threads
     )
-    engine.start()
-    url = f"http://127.0.0.1:{port}"
-    engine.wait_ready(lambda: is_ok(f"{url}/health_generate", timeout=10), 300)
+    url = engine.url
 
     # The updaters ask torch.distributed and Megatron for their ranks: a world of one trainer rank.
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)

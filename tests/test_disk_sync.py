@@ -8,32 +8,27 @@ kept, and the external engine is still serving after the run stopped everything 
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 import ray
 import torch
 from conftest import model_args
 
+from slime.backends.engine_server import start_engine_server
+from slime.backends.torch_engine.launcher import serving
 from slime.config import check_implemented, parse_args
-from slime.utils.http import ServerProcess, free_port, get_json, is_ok, post_json_sync
+from slime.utils.http import get_json, is_ok, post_json_sync
 
 
 @pytest.fixture
 def external_engine(tiny_models, tmp_path):
-    port = free_port()
-    argv = [sys.executable, "-m", "slime.backends.torch_engine", "--model-path", str(tiny_models["qwen2"])]
     # The oldest supported release, while the run's own engine mirrors the newest: one push reaches both.
-    argv += ["--host", "127.0.0.1", "--port", str(port), "--random-seed", "7", "--sglang-release", "0.5.19"]
-    server = ServerProcess(
-        "external engine", argv, tmp_path / "external.log", {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = serving(tiny_models["qwen2"], "--random-seed", "7", "--sglang-release", "0.5.19")
+    env = {"OMP_NUM_THREADS": "1"}
+    server = start_engine_server(
+        "external engine", command, tmp_path / "external.log", timeout_s=120, env=env
     )
-    server.start()
-    url = f"http://127.0.0.1:{port}"
     try:
-        server.wait_ready(lambda: is_ok(f"{url}/health_generate", timeout=10), 120)
-        yield url
+        yield server.url
     finally:
         server.stop()
 

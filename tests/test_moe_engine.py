@@ -10,9 +10,7 @@ fuses the experts independently of ours.
 
 from __future__ import annotations
 
-import os
 import shutil
-import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,8 +19,10 @@ import pytest
 import requests
 import torch
 
+from slime.backends.engine_server import start_engine_server
+from slime.backends.torch_engine.launcher import serving
 from slime.backends.torch_engine.weights import iter_safetensors
-from slime.utils.http import ServerProcess, free_port, is_ok
+from slime.utils.http import free_port
 from slime.weight_sync import ipc
 from slime.weight_sync.engine_client import weight_update_session
 from slime.weight_sync.process_group import broadcast_from_rank0, create_weight_update_group
@@ -41,16 +41,11 @@ def moe_model(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def engine(moe_model, tmp_path_factory) -> Iterator[str]:
-    port = free_port()
     log = tmp_path_factory.mktemp("moe_engine") / "engine.log"
-    argv = [sys.executable, "-m", "slime.backends.torch_engine", "--model-path", str(moe_model)]
-    argv += ["--host", "127.0.0.1", "--port", str(port), "--random-seed", "0"]
-    server = ServerProcess("torch engine", argv, log, {**os.environ, "OMP_NUM_THREADS": "1"})
-    server.start()
-    url = f"http://127.0.0.1:{port}"
+    command = serving(moe_model, "--random-seed", "0")
+    server = start_engine_server("torch engine", command, log, timeout_s=180, env={"OMP_NUM_THREADS": "1"})
     try:
-        server.wait_ready(lambda: is_ok(f"{url}/health", timeout=5), 180)
-        yield url
+        yield server.url
     finally:
         server.stop()
 

@@ -336,9 +336,9 @@ def test_two_node_engine_command_lines_meet_at_node_zero() -> None:
 
 def test_engine_command_switches_backends() -> None:
     args = _args(sglang_server_args={"max_running_requests": "8"})
-    sglang = engine_command(args, "127.0.0.1", 1234, backend="sglang", engine_rank=0, num_gpus=1)
+    sglang = engine_command(args, "127.0.0.1", 1234, EngineNode(0, 1, 0), backend="sglang")
     assert sglang[1:3] == ["-m", "sglang.launch_server"] and int(sglang[sglang.index("--nccl-port") + 1]) > 0
-    torch = engine_command(args, "127.0.0.1", 1234, backend="torch", engine_rank=1, num_gpus=1)
+    torch = engine_command(args, "127.0.0.1", 1234, EngineNode(1, 1, 0), backend="torch")
     assert torch[1:3] == ["-m", "slime.backends.torch_engine"]
     assert torch[torch.index("--random-seed") + 1] == "43" and "--max-running-requests" in torch
     assert torch[torch.index("--sglang-release") + 1] == "0.5.23"  # the protocol it mirrors

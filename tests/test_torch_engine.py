@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import os
 import shutil
 import signal
 import subprocess
@@ -24,6 +23,8 @@ import pytest
 import requests
 import torch
 
+from slime.backends.engine_server import EngineServer, start_engine_server
+from slime.backends.torch_engine.launcher import command_line, serving
 from slime.backends.torch_engine.weights import serialize_named_tensors
 from slime.utils.http import free_port
 from slime.weight_sync.process_group import create_weight_update_group
@@ -35,40 +36,12 @@ MAX_RUNNING = 4
 DIST_TIMEOUT_S = 3  # a collective whose peer never comes fails after this long (engine env below)
 
 
-def _start_engine(model: Path, *extra: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
+def _start_engine(model: Path, log: Path, *extra: str) -> EngineServer:
     # One intra-op thread: the tiny model gains nothing from more, and on a shared 2-core machine spinning
     # OpenMP workers of two processes (engine and test) slow each other down many times over.
-    env = {**os.environ, "SLIME_TORCH_ENGINE_DIST_TIMEOUT": str(DIST_TIMEOUT_S), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "slime.backends.torch_engine", "--model-path", str(model)]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", *extra]
-    proc = subprocess.Popen(
-        cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"engine exited with {proc.returncode}: {proc.stderr.read()}")
-        try:
-            if requests.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
-        except requests.ConnectionError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("engine did not become healthy")
-
-
-def _stop(proc: subprocess.Popen) -> int:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    return proc.returncode
+    env = {"SLIME_TORCH_ENGINE_DIST_TIMEOUT": str(DIST_TIMEOUT_S), "OMP_NUM_THREADS": "1"}
+    command = serving(model, "--log-level", "warning", *extra)
+    return start_engine_server("torch engine", command, log, timeout_s=120, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -77,9 +50,10 @@ def model_dir(tiny_models) -> Path:
 
 
 @pytest.fixture(scope="module")
-def engine(model_dir) -> Iterator[str]:
-    proc, url = _start_engine(
+def engine(model_dir, tmp_path_factory) -> Iterator[str]:
+    server = _start_engine(
         model_dir,
+        tmp_path_factory.mktemp("engine") / "engine.log",
         "--max-running-requests",
         str(MAX_RUNNING),
         "--random-seed",
@@ -88,9 +62,9 @@ def engine(model_dir) -> Iterator[str]:
         "0.5",
     )
     try:
-        yield url
+        yield server.url
     finally:
-        _stop(proc)
+        server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -768,13 +742,14 @@ def test_weight_update_sessions_as_sglang_0_5_23(engine):
 
 
 @pytest.fixture(scope="module")
-def oldest_engine(model_dir) -> Iterator[str]:
+def oldest_engine(model_dir, tmp_path_factory) -> Iterator[str]:
     """The torch engine as SGLang 0.5.19, the oldest release slime supports."""
-    proc, url = _start_engine(model_dir, "--sglang-release", "0.5.19", "--max-running-requests", "2")
+    log = tmp_path_factory.mktemp("oldest_engine") / "engine.log"
+    server = _start_engine(model_dir, log, "--sglang-release", "0.5.19", "--max-running-requests", "2")
     try:
-        yield url
+        yield server.url
     finally:
-        _stop(proc)
+        server.stop()
 
 
 def test_sglang_0_5_19_has_no_sessions_and_still_serves_get_load(oldest_engine, model_dir):
@@ -843,21 +818,23 @@ def test_engine_api_probe_sees_the_newest_release(engine):
     ],
 )
 def test_unsupported_option_is_rejected_at_start(model_dir, flag, words):
-    cmd = [sys.executable, "-m", "slime.backends.torch_engine", "--model-path", str(model_dir), *flag]
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        command_line(model_dir, *flag), cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and words in lines[0] and "torch engine" in lines[0]
 
 
-def test_sigterm_aborts_in_flight_requests_and_exits_zero(model_dir):
-    proc, url = _start_engine(model_dir)
+def test_sigterm_aborts_in_flight_requests_and_exits_zero(model_dir, tmp_path):
+    server = _start_engine(model_dir, tmp_path / "engine.log")
+    proc = server.process.proc
     try:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            future = _start_long(url, "bye", pool)
+            future = _start_long(server.url, "bye", pool)
             proc.send_signal(signal.SIGTERM)
             reply = future.result(30)
         assert reply["meta_info"]["finish_reason"]["type"] == "abort"
         assert proc.wait(30) == 0
     finally:
-        _stop(proc)
+        server.stop()

@@ -3,20 +3,18 @@
 An engine spans ``--rollout-num-gpus-per-engine`` consecutive bundles of the placement group. Its
 actor holds the first bundle's GPU and the other bundles stay reserved for the engine's other GPUs,
 so no trainer or second engine is ever placed on them. The actor starts the server as a child
-process (``slime.utils.http.ServerProcess``: own process group, log file, killed with the actor)
+process (``slime.backends.engine_server``: own process group, log file, killed with the actor)
 and reports its URL once ``GET /health_generate`` succeeds, i.e. once it really generates.
 
 Which server runs is decided in one place, ``engine_command``: SGLang on GPU nodes, the in-repo
-torch engine elsewhere (DESIGN.md §1). Both speak the same HTTP protocol, so nothing after
-start-up knows which one it talks to.
+torch engine elsewhere (DESIGN.md §1); each backend's ``launcher`` module writes its own argv.
+Both speak the same HTTP protocol, so nothing after start-up knows which one it talks to.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import os
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,9 +25,9 @@ from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from slime.backends import resolve_backend
-from slime.config.sglang_args import server_flags
+from slime.backends.engine_server import EngineServer, start_engine_server
 from slime.ray.cluster import BundleLocation, actor_gpus, by_node_and_gpu, locate_bundles
-from slime.utils.http import ServerProcess, ServerStartError, free_port, is_ok, post_json_sync
+from slime.utils.http import ServerStartError, free_port, post_json_sync
 
 logger = logging.getLogger(__name__)
 
@@ -38,58 +36,6 @@ DEFAULT_START_TIMEOUT_S = 300.0
 
 class EngineStartError(RuntimeError):
     """An engine that did not come up; the message carries the tail of its log."""
-
-
-def torch_engine_command(
-    args: argparse.Namespace, host: str, port: int, *, engine_rank: int, num_gpus: int
-) -> list[str]:
-    """``python -m slime.backends.torch_engine`` with slime's settings, then every ``--sglang-*`` option.
-
-    The torch engine honours the SGLang options it implements and exits with status 2 naming any
-    other, so an unsupported option fails start-up instead of being dropped silently.
-    """
-    passed = dict(args.sglang_server_args or {})  # slime's own fields are refused by validation
-    argv = [sys.executable, "-m", "slime.backends.torch_engine"]
-    argv += ["--model-path", str(Path(args.hf_checkpoint).resolve())]
-    argv += ["--host", host, "--port", str(port)]
-    argv += ["--sglang-release", args.torch_engine_sglang_release]
-    if num_gpus != 1:
-        argv += ["--tp-size", str(num_gpus)]  # refused by the torch engine with a clear line
-    passed["random_seed"] = args.rollout_seed + engine_rank
-    passed.setdefault("log_level", str(getattr(args, "log_level", "info")).lower())
-    return argv + server_flags(passed)
-
-
-def engine_command(
-    args: argparse.Namespace,
-    host: str,
-    port: int,
-    *,
-    backend: str,
-    engine_rank: int,
-    num_gpus: int,
-    nnodes: int = 1,
-    node_rank: int = 0,
-    dist_init_addr: str | None = None,
-) -> list[str]:
-    """The one switch between the engine backends: the argv of one engine server (process)."""
-    if backend == "torch":
-        return torch_engine_command(args, host, port, engine_rank=engine_rank, num_gpus=num_gpus)
-    if backend == "sglang":
-        from slime.backends import sglang
-
-        return sglang.server_command(
-            args,
-            host,
-            port,
-            engine_rank=engine_rank,
-            num_gpus=num_gpus,
-            nccl_port=free_port(),
-            nnodes=nnodes,
-            node_rank=node_rank,
-            dist_init_addr=dist_init_addr,
-        )
-    raise ValueError(f"unknown rollout backend {backend!r}; expected sglang or torch")
 
 
 @dataclass(frozen=True)
@@ -106,6 +52,37 @@ class EngineNode:
     nnodes: int = 1
     node_rank: int = 0
     gpu_ids: tuple[int, ...] = ()
+
+
+def engine_command(
+    args: argparse.Namespace,
+    host: str,
+    port: int,
+    node: EngineNode,
+    *,
+    backend: str,
+    dist_init_addr: str | None = None,
+) -> list[str]:
+    """The one switch between the engine backends: the argv of ``node``'s server process."""
+    if backend == "torch":
+        from slime.backends.torch_engine import launcher
+
+        return launcher.server_command(args, host, port, engine_rank=node.engine_rank, num_gpus=node.num_gpus)
+    if backend == "sglang":
+        from slime.backends import sglang
+
+        return sglang.server_command(
+            args,
+            host,
+            port,
+            engine_rank=node.engine_rank,
+            num_gpus=node.num_gpus,
+            nccl_port=free_port(),
+            nnodes=node.nnodes,
+            node_rank=node.node_rank,
+            dist_init_addr=dist_init_addr,
+        )
+    raise ValueError(f"unknown rollout backend {backend!r}; expected sglang or torch")
 
 
 def plan_engine_nodes(
@@ -150,8 +127,7 @@ class EngineActor:
         self.rank = node.engine_rank
         suffix = f"_node{node.node_rank}" if node.nnodes > 1 else ""
         self.log_path = Path(log_dir) / f"engine_{self.rank}{suffix}.log"
-        self.server: ServerProcess | None = None
-        self.url: str | None = None
+        self.server: EngineServer | None = None
 
     def dist_init_addr(self) -> str:
         """``host:port`` where the server processes of a multi-node engine meet (asked of node 0)."""
@@ -162,37 +138,27 @@ class EngineActor:
 
         Nodes other than an engine's first answer ``/health_generate`` once their ranks joined it.
         """
-        host = ray.util.get_node_ip_address()
-        port = free_port()
         backend = resolve_backend(self.args)
         node = self.node
-        argv = engine_command(
-            self.args,
-            host,
-            port,
-            backend=backend,
-            engine_rank=self.rank,
-            num_gpus=node.num_gpus,
-            nnodes=node.nnodes,
-            node_rank=node.node_rank,
-            dist_init_addr=dist_init_addr,
-        )
-        env = dict(os.environ)
+
+        def command(host: str, port: int) -> list[str]:
+            return engine_command(self.args, host, port, node, backend=backend, dist_init_addr=dist_init_addr)
+
+        env: dict[str, str] = {}
         if node.gpu_ids:  # all the engine's GPUs on this node, not only the actor's own
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, node.gpu_ids))
         name = f"{backend} engine {self.rank}" + (f" node {node.node_rank}" if node.nnodes > 1 else "")
-        self.server = ServerProcess(name, argv, self.log_path, env)
-        self.server.start()
-        url = f"http://{host}:{port}"
+        host = ray.util.get_node_ip_address()
         try:
-            self.server.wait_ready(lambda: is_ok(f"{url}/health_generate", timeout=10), timeout_s)
+            self.server = start_engine_server(
+                name, command, self.log_path, timeout_s=timeout_s, host=host, env=env
+            )
         except ServerStartError as exc:
             raise EngineStartError(str(exc)) from None
-        self.url = url
-        return url
+        return self.server.url
 
     def pid(self) -> int | None:
-        return None if self.server is None else self.server.pid
+        return None if self.server is None else self.server.process.pid
 
     def shutdown(self) -> None:
         if self.server is not None:

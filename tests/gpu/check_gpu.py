@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -100,19 +99,6 @@ def check_megatron_bf16(model: Path, root: Path) -> dict[str, float]:
         }
     finally:
         trainer.close()
-
-
-def start_cuda_engine(model: Path, root: Path):
-    from slime.utils.http import ServerProcess, free_port, is_ok
-
-    port = free_port()
-    argv = [sys.executable, "-m", "slime.backends.torch_engine", "--model-path", str(model)]
-    argv += ["--port", str(port), "--device", "cuda", "--random-seed", "0"]
-    server = ServerProcess("torch engine (cuda)", argv, root / "engine.log", dict(os.environ))
-    server.start()
-    url = f"http://127.0.0.1:{port}"
-    server.wait_ready(lambda: is_ok(f"{url}/health_generate", timeout=10), 300)
-    return server, url
 
 
 def check_engine_generate(url: str) -> dict[str, float]:
@@ -293,10 +279,11 @@ def check_real_sglang(model: Path, root: Path) -> dict[str, float | str | bool]:
     from megatron.core import parallel_state as mpu
 
     from bench.weight_sync import StandInTrainer
+    from slime.backends.engine_server import start_engine_server
     from slime.backends.sglang import server_command
     from slime.backends.torch_engine.weights import iter_safetensors
     from slime.utils.engine_api import probe_engine_api
-    from slime.utils.http import ServerProcess, free_port, is_ok
+    from slime.utils.http import free_port
     from slime.weight_sync import distributed as distributed_sync
     from slime.weight_sync.engine_client import weight_update_session
     from slime.weight_sync.settings import WeightSyncSettings
@@ -309,14 +296,14 @@ def check_real_sglang(model: Path, root: Path) -> dict[str, float | str | bool]:
         log_level="warning",
         sglang_server_args={"mem_fraction_static": "0.2", "disable_cuda_graph": True},
     )
-    port = free_port()
-    argv = server_command(launch, "127.0.0.1", port, engine_rank=0, num_gpus=1, nccl_port=free_port())
-    server = ServerProcess("sglang server", argv, root / "sglang.log", dict(os.environ))
-    server.start()
-    url = f"http://127.0.0.1:{port}"
+
+    def command(host: str, port: int) -> list[str]:
+        return server_command(launch, host, port, engine_rank=0, num_gpus=1, nccl_port=free_port())
+
+    server = start_engine_server("sglang server", command, root / "sglang.log", timeout_s=600)
+    url = server.url
     results: dict[str, float | str | bool] = {}
     try:
-        server.wait_ready(lambda: is_ok(f"{url}/health_generate", timeout=10), 600)
         api = probe_engine_api(url)
         results.update(version=api.version, sessions=api.weight_update_sessions, load_path=api.load_path)
         state = {name: t.clone().cuda() for name, t in iter_safetensors(str(model))}
@@ -367,7 +354,12 @@ def run_checks(handoff_gb: float = 1.0) -> dict[str, dict]:
         print(f"ok   {name}: {json.dumps(results[name])}", flush=True)
 
     timed("megatron_bf16_train_step", lambda: check_megatron_bf16(model, root))
-    server, url = start_cuda_engine(model, root)
+    from slime.backends.engine_server import start_engine_server
+    from slime.backends.torch_engine.launcher import serving
+
+    command = serving(model, "--device", "cuda", "--random-seed", "0")
+    server = start_engine_server("torch engine (cuda)", command, root / "engine.log", timeout_s=300)
+    url = server.url
     try:
         timed("torch_engine_cuda_generate", lambda: check_engine_generate(url))
         timed("engine_update_weights_from_tensor_cuda_ipc", lambda: check_engine_ipc_update(url, model))

@@ -8,6 +8,7 @@ weight-update executor, so the loop stays free to accept requests and aborts at 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import datetime
 import logging
 import uuid
@@ -362,22 +363,40 @@ async def _apply(engine: TorchEngine, body: dict[str, Any], tensors: list) -> tu
     return await _on_scheduler(engine, lambda: engine.load_weights(tensors, version, flush))
 
 
+async def _update_weights(
+    engine: TorchEngine,
+    body: dict[str, Any],
+    endpoint: str,
+    read: Callable[[], list],
+    executor: concurrent.futures.Executor | None = None,
+) -> tuple[bool, str]:
+    """What every weight update does around its own ``read`` of the tensors: abort in-flight requests
+    if asked, ``read`` on ``executor`` (off the loop), load them between two forwards, record the new
+    weight version. A failure is logged here and answered in SGLang's words by the handler."""
+    try:
+        if body.get("abort_all_requests"):
+            await _on_scheduler(engine, engine.scheduler.abort_all)
+        tensors = await asyncio.get_running_loop().run_in_executor(executor, read)
+        ok, message = await _apply(engine, body, tensors)
+        del tensors  # they may map the sender's memory: release it as soon as the copy is done
+    except Exception as exc:
+        ok, message = False, f"Failed to update weights: {exc}"
+    if not ok:
+        logger.error("%s: %s", endpoint, message)
+        return ok, message
+    engine.record(endpoint, version=body.get("weight_version"))
+    return ok, message
+
+
 async def update_weights_from_distributed(request: web.Request) -> web.Response:
     engine = request.app[ENGINE]
     body = await _body(request)
     refusal = engine.outside_session("update_weights_from_distributed")
     if refusal is not None:  # answered before any receive: the sender's broadcast finds no peer
         return _result(False, refusal)
-    try:
-        if body.get("abort_all_requests"):
-            await _on_scheduler(engine, engine.scheduler.abort_all)
-        tensors = await asyncio.get_running_loop().run_in_executor(engine.dist_executor, engine.receive, body)
-        ok, message = await _apply(engine, body, tensors)
-    except Exception as exc:
-        logger.error("update_weights_from_distributed failed: %s", exc)
-        ok, message = False, f"Failed to update weights: {exc}"
-    if ok:
-        engine.record("update_weights_from_distributed", version=body.get("weight_version"))
+    ok, message = await _update_weights(
+        engine, body, "update_weights_from_distributed", lambda: engine.receive(body), engine.dist_executor
+    )
     return _result(ok, message)
 
 
@@ -390,19 +409,13 @@ async def update_weights_from_tensor(request: web.Request) -> web.Response:
     entries = body.get("serialized_named_tensors")
     if not isinstance(entries, list) or not entries:
         return _result(False, "serialized_named_tensors must be a non-empty list (one entry per TP rank)")
-    try:
-        if body.get("abort_all_requests"):
-            await _on_scheduler(engine, engine.scheduler.abort_all)
-        # One entry per TP rank; this engine is TP rank 0 of a TP-1 engine.
-        tensors = await asyncio.get_running_loop().run_in_executor(
-            None, weights.deserialize_named_tensors, entries[0], body.get("load_format")
-        )
-        ok, message = await _apply(engine, body, tensors)
-        del tensors  # they map the sender's memory: release it as soon as the copy is done
-    except Exception as exc:
-        ok, message = False, f"Failed to update weights: {exc}"
-    if ok:
-        engine.record("update_weights_from_tensor", version=body.get("weight_version"))
+    # One entry per TP rank; this engine is TP rank 0 of a TP-1 engine.
+    ok, message = await _update_weights(
+        engine,
+        body,
+        "update_weights_from_tensor",
+        lambda: weights.deserialize_named_tensors(entries[0], body.get("load_format")),
+    )
     return _result(ok, message)
 
 
@@ -412,18 +425,11 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
     path = body.get("model_path")
     if not isinstance(path, str):
         return _result(False, "model_path is required", num_paused_requests=0)
-    try:
-        if body.get("abort_all_requests"):
-            await _on_scheduler(engine, engine.scheduler.abort_all)
-        tensors = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: list(weights.iter_safetensors(path))
-        )
-        ok, message = await _apply(engine, body, tensors)
-    except Exception as exc:
-        ok, message = False, f"Failed to update weights: {exc}"
+    ok, message = await _update_weights(
+        engine, body, "update_weights_from_disk", lambda: list(weights.iter_safetensors(path))
+    )
     if ok:
         engine.model_path = str(Path(path).resolve())
-        engine.record("update_weights_from_disk", version=body.get("weight_version"))
     return _result(ok, message, num_paused_requests=0)
 
 

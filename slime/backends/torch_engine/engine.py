@@ -1,19 +1,17 @@
-"""The engine behind the HTTP layer: builds requests, owns the weight-update groups and memory state.
+"""The engine behind the HTTP layer: builds requests, owns the model's weights, memory state and
+weight-update sessions; its weight-update groups are ``update_groups.WeightUpdateGroups``.
 
 Threads: the scheduler thread runs every forward and every change to the model (weight loads, memory
 release) through `Scheduler.call`, so they happen between decode steps; blocking collectives (joining
-a group, receiving broadcast tensors) run on a separate one-thread executor, so decoding continues
-while the trainer sends, and only the final copy into the parameters pauses generation.
+a group, receiving broadcast tensors) run on the groups' own one-thread executor, so decoding
+continues while the trainer sends, and only the final copy into the parameters pauses generation.
 """
 
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import dataclasses
 import logging
-import os
-import threading
 import time
 from typing import Any
 
@@ -25,16 +23,13 @@ from slime.backends.torch_engine.protocol import GenerateInput, ProtocolError
 from slime.backends.torch_engine.sampling import RowSampling
 from slime.backends.torch_engine.scheduler import Request, Scheduler
 from slime.backends.torch_engine.server_args import ServerArgs
-from slime.weight_sync import ipc
-from slime.weight_sync.process_group import DEFAULT_TIMEOUT_S, abandon_group, create_weight_update_group
+from slime.backends.torch_engine.update_groups import WeightUpdateGroups
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_RUNNING_REQUESTS = 64
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 MAX_EVENTS = 256
-# Seconds a weight-update collective may wait for its peer (env override for slow CI machines).
-DIST_TIMEOUT_S = float(os.environ.get("SLIME_TORCH_ENGINE_DIST_TIMEOUT", DEFAULT_TIMEOUT_S))
 
 
 def pick_device(args: ServerArgs) -> torch.device:
@@ -70,16 +65,8 @@ class TorchEngine:
         self.scheduler.weight_version = args.weight_version
         self.weights = weights.WeightStore(self.runner.model)
         self.release = protocol.release(args.sglang_release)
-        self.groups: dict[str, Any] = {}
-        # Set by /destroy_weights_update_group: a receive still waiting on that group gives up, and the
-        # group is then dropped rather than shut down (that would wait for the broadcast's timeout).
-        self.group_cancelled: dict[str, threading.Event] = {}
-        self.given_up: set[str] = set()
+        self.update_groups = WeightUpdateGroups(self.device)
         self.weight_session: str | None = None  # the open session's selector (SGLang >= 0.5.21)
-        # Flattened buckets are received into one reused buffer per group: the updates of a group
-        # come one at a time (the trainer waits for each answer), each loaded before it is answered.
-        self.receive_buffers: dict[str, ipc.StagingBuffer] = {}
-        self.dist_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="weight-update")
         self.released: set[str] = set()
         # Memory releases/resumes and weight loads in the order they happened (newest last), reported
         # by /get_server_info as `memory_events`: the colocated schedule is checked against it.
@@ -236,8 +223,7 @@ class TorchEngine:
             self.runner.cache.clear()
         if "weights" in tags:
             self.weights.release()
-            for buffer in self.receive_buffers.values():
-                buffer.release()
+            self.update_groups.release_buffers()
         self.released.update(t for t in tags if t != "cuda_graph")
         if self.device.type == "cuda":
             torch.cuda.empty_cache()  # hand the freed blocks back to the driver, for the trainer
@@ -290,83 +276,8 @@ class TorchEngine:
             return f"{operation} must run between begin_weight_update() and end_weight_update()"
         return None
 
-    # ---- weight-update groups (run on the dist executor) ----------------------------------------
-
-    def init_group(self, body: dict[str, Any]) -> tuple[bool, str]:
-        name = body.get("group_name") or "weight_update_group"
-        if name in self.groups:
-            return False, f"Failed to initialize custom process group: group {name!r} already exists."
-        try:
-            group = create_weight_update_group(
-                body["master_address"],
-                int(body["master_port"]),
-                int(body["rank_offset"]),
-                int(body["world_size"]),
-                name,
-                body.get("backend") or "nccl",
-                DIST_TIMEOUT_S,
-            )
-        except Exception as exc:
-            logger.error("init_weights_update_group failed: %s", exc)
-            return False, f"Failed to initialize custom process group: {exc}."
-        self.groups[name] = group
-        self.group_cancelled[name] = threading.Event()
-        return True, "Succeeded to initialize custom process group."
-
-    def receive(self, body: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
-        name = body.get("group_name") or "weight_update_group"
-        if name not in self.groups:
-            raise RuntimeError(f"group {name!r} does not exist; call /init_weights_update_group first")
-        group = self.groups[name]
-        device = (
-            self.device if isinstance(group, getattr(torch.distributed, "ProcessGroupNCCL", ())) else None
-        )
-        return weights.receive_tensors(
-            group,
-            list(body["names"]),
-            list(body["dtypes"]),
-            [list(s) for s in body["shapes"]],
-            device or torch.device("cpu"),
-            flattened=body.get("load_format") == "flattened_bucket",
-            timeout_s=DIST_TIMEOUT_S,
-            staging=self.receive_buffers.setdefault(name, ipc.StagingBuffer(shared=False)),
-            stop=lambda: self._cancellation(name),
-        )
-
-    def _cancellation(self, name: str) -> BaseException | None:
-        cancelled = self.group_cancelled.get(name)
-        if cancelled is not None and cancelled.is_set():
-            self.given_up.add(name)
-            return RuntimeError(f"weight-update group {name!r} was destroyed while receiving")
-        return None
-
-    def cancel_group(self, name: str) -> None:
-        """Any thread: makes a receive waiting on group ``name`` give up (its peer will never send)."""
-        cancelled = self.group_cancelled.get(name)
-        if cancelled is not None:
-            cancelled.set()
-
-    def destroy_group(self, name: str) -> tuple[bool, str]:
-        group = self.groups.pop(name, None)
-        self.receive_buffers.pop(name, None)
-        self.group_cancelled.pop(name, None)
-        if group is None:
-            return False, "The group to be destroyed does not exist."
-        if name in self.given_up:
-            self.given_up.discard(name)
-            abandon_group(group)  # its broadcast may still be pending
-            return True, "Succeeded to destroy custom process group."
-        try:
-            group.shutdown()
-        except Exception as exc:  # the group is dropped either way
-            logger.warning("shutting down group %s: %s", name, exc)
-        return True, "Succeeded to destroy custom process group."
-
     def shutdown(self) -> None:
         """Abort what is in flight, stop the scheduler, close the weight-update groups."""
         self.shutting_down = True
         self.scheduler.stop()
-        for name in list(self.groups):
-            self.cancel_group(name)
-            self.destroy_group(name)
-        self.dist_executor.shutdown(wait=False, cancel_futures=True)
+        self.update_groups.shutdown()

@@ -343,7 +343,7 @@ async def init_weights_update_group(request: web.Request) -> web.Response:
     if missing:
         return _result(False, f"Failed to initialize custom process group: missing {missing}")
     ok, message = await asyncio.get_running_loop().run_in_executor(
-        engine.dist_executor, engine.init_group, body
+        engine.update_groups.executor, engine.update_groups.init, body
     )
     return _result(ok, message)
 
@@ -351,9 +351,9 @@ async def init_weights_update_group(request: web.Request) -> web.Response:
 async def destroy_weights_update_group(request: web.Request) -> web.Response:
     engine = request.app[ENGINE]
     name = (await _body(request)).get("group_name") or "weight_update_group"
-    engine.cancel_group(name)  # a receive stuck on it (its sender gave up) must not hold the executor
+    engine.update_groups.cancel(name)  # a receive stuck on it (its sender gave up) must not hold the executor
     ok, message = await asyncio.get_running_loop().run_in_executor(
-        engine.dist_executor, engine.destroy_group, name
+        engine.update_groups.executor, engine.update_groups.destroy, name
     )
     return _result(ok, message)
 
@@ -395,7 +395,11 @@ async def update_weights_from_distributed(request: web.Request) -> web.Response:
     if refusal is not None:  # answered before any receive: the sender's broadcast finds no peer
         return _result(False, refusal)
     ok, message = await _update_weights(
-        engine, body, "update_weights_from_distributed", lambda: engine.receive(body), engine.dist_executor
+        engine,
+        body,
+        "update_weights_from_distributed",
+        lambda: engine.update_groups.receive(body),
+        engine.update_groups.executor,
     )
     return _result(ok, message)
 

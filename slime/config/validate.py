@@ -7,7 +7,8 @@ clear line at start-up, not a Ray traceback ten minutes later (DESIGN.md §4). E
 
 Checks run in dependency order: modes and required flags, value ranges, paths, the model shape
 (filled from / checked against the HF config.json), cluster layout, batch arithmetic, parallel
-layout, algorithm, evaluation, and last the plugins (they import user code).
+layout, algorithm, evaluation, and last the plugins (they import user code). Counts and sizes
+that must be positive are refused earlier, while parsing, by their argparse type (``arg_types``).
 """
 
 from __future__ import annotations
@@ -127,49 +128,7 @@ def _check_required(args: argparse.Namespace) -> None:
         raise ConfigError("--num-rollout", "required; pass --num-rollout N (or --num-epoch N)")
 
 
-_POSITIVE = (
-    "actor_num_nodes",
-    "actor_num_gpus_per_node",
-    "rollout_num_gpus_per_engine",
-    "num_gpus_per_node",
-    "rollout_batch_size",
-    "n_samples_per_prompt",
-    "over_sampling_batch_size",
-    "max_turns",
-    "rollout_max_response_len",
-    "rollout_max_prompt_len",
-    "sglang_server_concurrency",
-    "num_rollout",
-    "num_epoch",
-    "global_batch_size",
-    "num_steps_per_rollout",
-    "micro_batch_size",
-    "max_tokens_per_gpu",
-    "tensor_model_parallel_size",
-    "pipeline_model_parallel_size",
-    "context_parallel_size",
-    "expert_model_parallel_size",
-    "expert_tensor_parallel_size",
-    "num_layers_per_virtual_pipeline_stage",
-    "critic_num_nodes",
-    "critic_num_gpus_per_node",
-    "ref_update_interval",
-    "update_weight_buffer_size",
-    "update_weights_timeout",
-    "update_weights_interval",
-    "async_buffer_size",
-    "eval_interval",
-    "n_samples_per_eval_prompt",
-    "eval_max_response_len",
-    "save_interval",
-)
-
-
 def _check_ranges(args: argparse.Namespace) -> None:
-    for dest in _POSITIVE:
-        value = getattr(args, dest)
-        if value is not None and value <= 0:
-            raise ConfigError(_flag(dest), f"must be positive, got {value}; pass a value >= 1")
     if args.rollout_num_gpus is not None and args.rollout_num_gpus < 0:
         raise ConfigError("--rollout-num-gpus", f"must not be negative, got {args.rollout_num_gpus}")
     for prefix in ("rollout", "eval"):

@@ -569,30 +569,6 @@ def _check_moe(args: argparse.Namespace) -> None:
         )
 
 
-# Flags the parser knows (so scripts written for slime parse) whose implementation has not landed:
-# refusing them beats silently training without them. Each entry: (flag, is it set?, what to do).
-_NOT_YET_IMPLEMENTED = (
-    ("--ref-load", lambda a: a.ref_load is not None, "drop it (the reference is --hf-checkpoint)"),
-)
-
-
-def check_overlappable(args: argparse.Namespace) -> None:
-    """train_async.py generates while it trains, so engines and trainer need GPUs of their own."""
-    if args.colocate:
-        raise ConfigError(
-            "--colocate",
-            "train_async.py overlaps generation with training and runs disaggregated only; "
-            "drop --colocate and pass --rollout-num-gpus N, or run train.py",
-        )
-
-
-def check_implemented(args: argparse.Namespace) -> None:
-    """Raises ConfigError for a flag whose feature has not landed yet (entry points call it)."""
-    for flag, is_set, fix in _NOT_YET_IMPLEMENTED:
-        if is_set(args):
-            raise ConfigError(flag, f"is not implemented in this version yet; {fix}")
-
-
 def _check_algorithm(args: argparse.Namespace) -> None:
     if args.eps_clip_high is None:
         args.eps_clip_high = args.eps_clip

@@ -7,8 +7,10 @@ clear line at start-up, not a Ray traceback ten minutes later (DESIGN.md §4). E
 
 Checks run in dependency order: modes and required flags, value ranges, paths, the model shape
 (filled from / checked against the HF config.json), cluster layout, batch arithmetic, parallel
-layout, algorithm, evaluation, and last the plugins (they import user code). Counts and sizes
-that must be positive are refused earlier, while parsing, by their argparse type (``arg_types``).
+layout, algorithm, evaluation, and last the plugins (they import user code). The file reads in
+that order too: ``validate_args`` first, then each check as it calls them, its helpers after it.
+Counts and sizes that must be positive are refused earlier, while parsing, by their argparse type
+(``arg_types``).
 """
 
 from __future__ import annotations
@@ -27,8 +29,6 @@ from slime.config.sglang_args import check_sglang_server_args
 from slime.config.slime_args import DEFAULT_ROLLOUT_FUNCTION_PATH, PLUGIN_FLAGS
 from slime.utils.checkpoint_layout import TRACKER_FILE, iteration_dir, latest_rollout_id, saved_rollout_ids
 from slime.utils.plugins import PluginError, absolute_path, check_plugin
-
-_SLICE = re.compile(r"^(?P<path>.+)@\[(?P<start>-?\d*):(?P<stop>-?\d*)\]$")
 
 
 def validate_args(args: argparse.Namespace, explicit: Collection[str] | None = None) -> None:
@@ -57,24 +57,14 @@ def validate_args(args: argparse.Namespace, explicit: Collection[str] | None = N
     _check_plugins(args)
 
 
-def split_data_path(spec: str) -> tuple[str, slice | None]:
-    """Split ``PATH@[start:end]`` (either bound optional) into the path and a ``slice``.
-
-    Raises ``ValueError`` for a malformed suffix; a path without ``@[`` has no slice.
-    """
-    if "@[" not in spec:
-        return spec, None
-    match = _SLICE.match(spec)
-    if match is None:
-        raise ValueError(
-            f"bad slice in {spec!r}; write PATH@[start:end] with integer bounds, e.g. data.jsonl@[0:100]"
-        )
-    start, stop = (int(v) if v else None for v in match.group("start", "stop"))
-    return match.group("path"), slice(start, stop)
-
-
-def _flag(dest: str) -> str:
-    return "--" + dest.replace("_", "-")
+def _given_fn(args: argparse.Namespace, explicit: Collection[str] | None) -> Callable[[str], bool]:
+    if explicit is not None:
+        names = set(explicit)
+        if "use_rotary_position_embeddings" in names:
+            names.add("position_embedding_type")
+        return names.__contains__
+    defaults = _megatron_defaults()
+    return lambda dest: getattr(args, dest, None) != defaults.get(dest)
 
 
 @functools.cache
@@ -84,14 +74,8 @@ def _megatron_defaults() -> dict[str, Any]:
     return vars(parser.parse_args([]))
 
 
-def _given_fn(args: argparse.Namespace, explicit: Collection[str] | None) -> Callable[[str], bool]:
-    if explicit is not None:
-        names = set(explicit)
-        if "use_rotary_position_embeddings" in names:
-            names.add("position_embedding_type")
-        return names.__contains__
-    defaults = _megatron_defaults()
-    return lambda dest: getattr(args, dest, None) != defaults.get(dest)
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
 
 
 def _check_modes(args: argparse.Namespace) -> None:
@@ -145,13 +129,30 @@ def _check_ranges(args: argparse.Namespace) -> None:
         raise ConfigError("--lr", f"must not be negative, got {args.lr}")
 
 
-def _check_data_file(flag: str, spec: str) -> None:
-    try:
-        path, _ = split_data_path(spec)
-    except ValueError as e:
-        raise ConfigError(flag, str(e)) from e
-    if not os.path.exists(path):
-        raise ConfigError(flag, f"{path} does not exist; pass an existing JSONL or Parquet file")
+def _check_paths(args: argparse.Namespace) -> None:
+    # --hf-checkpoint is read (and so checked) by _derive_model; --load-debug-rollout-data is a
+    # {rollout_id} pattern.
+    check_checkpoint_to_load(args)
+    if args.prompt_data is not None:
+        _check_data_file("--prompt-data", args.prompt_data)
+    if args.ref_load is not None and not os.path.exists(args.ref_load):
+        raise ConfigError(
+            "--ref-load", f"{args.ref_load} does not exist; pass the reference checkpoint directory"
+        )
+    specs = args.eval_prompt_data or []
+    if len(specs) % 2:
+        raise ConfigError(
+            "--eval-prompt-data",
+            f"got {len(specs)} value(s), expected NAME PATH pairs; e.g. aime /data/aime.jsonl",
+        )
+    args.eval_datasets = list(zip(specs[::2], specs[1::2], strict=True))
+    names = [name for name, _ in args.eval_datasets]
+    if len(set(names)) != len(names):
+        raise ConfigError(
+            "--eval-prompt-data", f"dataset names repeat in {names}; give each set its own NAME"
+        )
+    for _, spec in args.eval_datasets:
+        _check_data_file("--eval-prompt-data", spec)
 
 
 def check_checkpoint_to_load(args: argparse.Namespace, required: bool = False) -> int | None:
@@ -186,30 +187,32 @@ def check_checkpoint_to_load(args: argparse.Namespace, required: bool = False) -
     return rollout_id
 
 
-def _check_paths(args: argparse.Namespace) -> None:
-    # --hf-checkpoint is read (and so checked) by _derive_model; --load-debug-rollout-data is a
-    # {rollout_id} pattern.
-    check_checkpoint_to_load(args)
-    if args.prompt_data is not None:
-        _check_data_file("--prompt-data", args.prompt_data)
-    if args.ref_load is not None and not os.path.exists(args.ref_load):
-        raise ConfigError(
-            "--ref-load", f"{args.ref_load} does not exist; pass the reference checkpoint directory"
+def _check_data_file(flag: str, spec: str) -> None:
+    try:
+        path, _ = split_data_path(spec)
+    except ValueError as e:
+        raise ConfigError(flag, str(e)) from e
+    if not os.path.exists(path):
+        raise ConfigError(flag, f"{path} does not exist; pass an existing JSONL or Parquet file")
+
+
+_SLICE = re.compile(r"^(?P<path>.+)@\[(?P<start>-?\d*):(?P<stop>-?\d*)\]$")
+
+
+def split_data_path(spec: str) -> tuple[str, slice | None]:
+    """Split ``PATH@[start:end]`` (either bound optional) into the path and a ``slice``.
+
+    Raises ``ValueError`` for a malformed suffix; a path without ``@[`` has no slice.
+    """
+    if "@[" not in spec:
+        return spec, None
+    match = _SLICE.match(spec)
+    if match is None:
+        raise ValueError(
+            f"bad slice in {spec!r}; write PATH@[start:end] with integer bounds, e.g. data.jsonl@[0:100]"
         )
-    specs = args.eval_prompt_data or []
-    if len(specs) % 2:
-        raise ConfigError(
-            "--eval-prompt-data",
-            f"got {len(specs)} value(s), expected NAME PATH pairs; e.g. aime /data/aime.jsonl",
-        )
-    args.eval_datasets = list(zip(specs[::2], specs[1::2], strict=True))
-    names = [name for name, _ in args.eval_datasets]
-    if len(set(names)) != len(names):
-        raise ConfigError(
-            "--eval-prompt-data", f"dataset names repeat in {names}; give each set its own NAME"
-        )
-    for _, spec in args.eval_datasets:
-        _check_data_file("--eval-prompt-data", spec)
+    start, stop = (int(v) if v else None for v in match.group("start", "stop"))
+    return match.group("path"), slice(start, stop)
 
 
 def _derive_model(args: argparse.Namespace, given: Callable[[str], bool]) -> None:
@@ -285,93 +288,6 @@ def _check_cluster(args: argparse.Namespace) -> None:
             "--rollout-num-gpus-per-engine",
             f"{per_engine} spans nodes but is not a multiple of --num-gpus-per-node {per_node}; "
             f"use a multiple of {per_node}",
-        )
-
-
-def _check_weight_sync(args: argparse.Namespace) -> None:
-    """The weight transport against the placement: in place only when colocated, never NCCL on one GPU."""
-    transport = args.update_weight_transport
-    if transport is None:
-        transport = args.update_weight_transport = "tensor" if args.colocate else "distributed"
-    if args.colocate and args.update_weights_interval != 1:
-        raise ConfigError(
-            "--update-weights-interval",
-            "must be 1 with --colocate (the engines give their memory to the trainer every rollout and "
-            "need the weights back before generating); drop it",
-        )
-    if transport == "tensor" and not args.colocate:
-        raise ConfigError(
-            "--update-weight-transport",
-            "tensor hands the weights over in place and needs --colocate; use distributed or disk",
-        )
-    if transport == "distributed" and args.colocate:
-        raise ConfigError(
-            "--update-weight-transport",
-            "distributed cannot run with --colocate (NCCL needs a GPU per rank); use tensor or disk",
-        )
-    if transport == "tensor":
-        if args.pipeline_model_parallel_size > 1:
-            raise ConfigError(
-                "--colocate",
-                "the tensor transport needs --pipeline-model-parallel-size 1 (each GPU hands its engine "
-                "every weight); add --update-weight-transport disk or drop pipeline parallelism",
-            )
-        if args.rollout_num_gpus_per_engine > args.num_gpus_per_node:
-            raise ConfigError(
-                "--rollout-num-gpus-per-engine",
-                "an engine spanning nodes cannot take weights through CUDA IPC; "
-                "add --update-weight-transport disk",
-            )
-    if transport == "disk" and args.update_weight_disk_dir is None:
-        raise ConfigError(
-            "--update-weight-disk-dir",
-            "required with --update-weight-transport disk; pass a directory every engine can read",
-        )
-    if transport != "disk" and args.update_weight_disk_dir is not None:
-        raise ConfigError(
-            "--update-weight-disk-dir",
-            "given without --update-weight-transport disk; add it or drop this flag",
-        )
-    for addr in args.rollout_external_engine_addrs or []:
-        host, _, port = addr.removeprefix("http://").rpartition(":")
-        if not host or not port.isdigit():
-            raise ConfigError(
-                "--rollout-external-engine-addrs", f"{addr!r} is not HOST:PORT; e.g. 10.0.0.5:30000"
-            )
-    if args.rollout_external_engine_addrs:
-        if transport == "tensor":
-            raise ConfigError(
-                "--rollout-external-engine-addrs",
-                "engines outside the run cannot map the trainer's memory; add --update-weight-transport disk",
-            )
-        if not args.rollout_num_gpus:
-            raise ConfigError(
-                "--rollout-external-engine-addrs",
-                "needs at least one engine of this run's own in this version (--rollout-num-gpus >= 1)",
-            )
-
-
-def uses_engines(args: argparse.Namespace) -> bool:
-    """SFT and train-only debugging need no rollout engines."""
-    return not args.debug_train_only and args.loss_type != "sft_loss"
-
-
-def _check_engine_backend(args: argparse.Namespace) -> None:
-    """What the SGLang servers need for the flags slime sets on them, installed here: the driver runs
-    the engine nodes' image (the Docker image has them all)."""
-    if args.rollout_num_gpus == 0 or not uses_engines(args):
-        return
-    from slime.backends import resolve_backend
-
-    if resolve_backend(args) != "sglang":
-        return
-    from slime.backends.sglang import missing_server_requirements
-
-    for flag, server_flag, module in missing_server_requirements(args):
-        raise ConfigError(
-            flag,
-            f"starts SGLang with {server_flag}, which needs the Python package {module}, not installed "
-            f"here; pip install {module} (the Docker image has it) or drop {flag}",
         )
 
 
@@ -567,6 +483,93 @@ def _check_moe(args: argparse.Namespace) -> None:
             "--moe-pad-expert-input-to-capacity",
             "needs --moe-expert-capacity-factor; add it or drop this flag",
         )
+
+
+def _check_weight_sync(args: argparse.Namespace) -> None:
+    """The weight transport against the placement: in place only when colocated, never NCCL on one GPU."""
+    transport = args.update_weight_transport
+    if transport is None:
+        transport = args.update_weight_transport = "tensor" if args.colocate else "distributed"
+    if args.colocate and args.update_weights_interval != 1:
+        raise ConfigError(
+            "--update-weights-interval",
+            "must be 1 with --colocate (the engines give their memory to the trainer every rollout and "
+            "need the weights back before generating); drop it",
+        )
+    if transport == "tensor" and not args.colocate:
+        raise ConfigError(
+            "--update-weight-transport",
+            "tensor hands the weights over in place and needs --colocate; use distributed or disk",
+        )
+    if transport == "distributed" and args.colocate:
+        raise ConfigError(
+            "--update-weight-transport",
+            "distributed cannot run with --colocate (NCCL needs a GPU per rank); use tensor or disk",
+        )
+    if transport == "tensor":
+        if args.pipeline_model_parallel_size > 1:
+            raise ConfigError(
+                "--colocate",
+                "the tensor transport needs --pipeline-model-parallel-size 1 (each GPU hands its engine "
+                "every weight); add --update-weight-transport disk or drop pipeline parallelism",
+            )
+        if args.rollout_num_gpus_per_engine > args.num_gpus_per_node:
+            raise ConfigError(
+                "--rollout-num-gpus-per-engine",
+                "an engine spanning nodes cannot take weights through CUDA IPC; "
+                "add --update-weight-transport disk",
+            )
+    if transport == "disk" and args.update_weight_disk_dir is None:
+        raise ConfigError(
+            "--update-weight-disk-dir",
+            "required with --update-weight-transport disk; pass a directory every engine can read",
+        )
+    if transport != "disk" and args.update_weight_disk_dir is not None:
+        raise ConfigError(
+            "--update-weight-disk-dir",
+            "given without --update-weight-transport disk; add it or drop this flag",
+        )
+    for addr in args.rollout_external_engine_addrs or []:
+        host, _, port = addr.removeprefix("http://").rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError(
+                "--rollout-external-engine-addrs", f"{addr!r} is not HOST:PORT; e.g. 10.0.0.5:30000"
+            )
+    if args.rollout_external_engine_addrs:
+        if transport == "tensor":
+            raise ConfigError(
+                "--rollout-external-engine-addrs",
+                "engines outside the run cannot map the trainer's memory; add --update-weight-transport disk",
+            )
+        if not args.rollout_num_gpus:
+            raise ConfigError(
+                "--rollout-external-engine-addrs",
+                "needs at least one engine of this run's own in this version (--rollout-num-gpus >= 1)",
+            )
+
+
+def _check_engine_backend(args: argparse.Namespace) -> None:
+    """What the SGLang servers need for the flags slime sets on them, installed here: the driver runs
+    the engine nodes' image (the Docker image has them all)."""
+    if args.rollout_num_gpus == 0 or not uses_engines(args):
+        return
+    from slime.backends import resolve_backend
+
+    if resolve_backend(args) != "sglang":
+        return
+    from slime.backends.sglang import missing_server_requirements
+
+    for flag, server_flag, module in missing_server_requirements(args):
+        raise ConfigError(
+            flag,
+            f"starts SGLang with {server_flag}, which needs the Python package {module}, not installed "
+            f"here; pip install {module} (the Docker image has it) or drop {flag}",
+        )
+
+
+def uses_engines(args: argparse.Namespace) -> bool:
+    """SFT and train-only debugging need no rollout engines."""
+    return not args.debug_train_only and args.loss_type != "sft_loss"
 
 
 def _check_algorithm(args: argparse.Namespace) -> None:

@@ -7,10 +7,10 @@ clear line at start-up, not a Ray traceback ten minutes later (DESIGN.md §4). E
 
 Checks run in dependency order: modes and required flags, value ranges, paths, the model shape
 (filled from / checked against the HF config.json), cluster layout, batch arithmetic, parallel
-layout, algorithm, evaluation, and last the plugins (they import user code). The file reads in
-that order too: ``validate_args`` first, then each check as it calls them, its helpers after it.
-Counts and sizes that must be positive are refused earlier, while parsing, by their argparse type
-(``arg_types``).
+layout, Megatron options, weight transport, algorithm, evaluation, and last the plugins (they
+import user code). The file reads in that order too: ``validate_args`` first, then each check as
+it calls them, its helpers after it. Counts and sizes that must be positive are refused earlier,
+while parsing, by their argparse type (``arg_types``).
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ def validate_args(args: argparse.Namespace, explicit: Collection[str] | None = N
     _check_cluster(args)
     _check_batch(args)
     _check_parallelism(args)
+    _check_training_options(args)
     _check_weight_sync(args)
     _check_engine_backend(args)
     _check_algorithm(args)
@@ -335,6 +336,17 @@ def _check_batch(args: argparse.Namespace) -> None:
 
 
 def _check_parallelism(args: argparse.Namespace) -> None:
+    """The trainer's parallel layout against its GPUs, its batches and the model's shape."""
+    _check_model_parallel_gpus(args)
+    _check_micro_batches(args)
+    _check_model_split(args)
+    _check_context_parallel(args)
+    _check_sequence_parallel(args)
+    _check_expert_parallel(args)
+
+
+def _check_model_parallel_gpus(args: argparse.Namespace) -> None:
+    """TP × PP × CP must divide the trainer GPUs; what is left is the data-parallel size."""
     tp, pp, cp = (
         args.tensor_model_parallel_size,
         args.pipeline_model_parallel_size,
@@ -353,11 +365,15 @@ def _check_parallelism(args: argparse.Namespace) -> None:
             f"trainer GPUs {args.world_size} are not divisible by TP × PP × CP = {tp} × {pp} × {cp}; "
             f"use sizes whose product divides {args.world_size}",
         )
-    args.data_parallel_size = dp = args.world_size // model_parallel
+    args.data_parallel_size = args.world_size // model_parallel
+
+
+def _check_micro_batches(args: argparse.Namespace) -> None:
     if args.use_dynamic_batch_size != (args.max_tokens_per_gpu is not None):
         if args.use_dynamic_batch_size:
             raise ConfigError("--use-dynamic-batch-size", "needs --max-tokens-per-gpu N; add it")
         raise ConfigError("--max-tokens-per-gpu", "has no effect without --use-dynamic-batch-size; add it")
+    dp = args.data_parallel_size
     # Dynamic micro-batches are cut from each rank's samples by tokens, not by --micro-batch-size.
     mbs = 1 if args.use_dynamic_batch_size else args.micro_batch_size
     gbs = args.global_batch_size
@@ -367,7 +383,12 @@ def _check_parallelism(args: argparse.Namespace) -> None:
             f"{gbs} is not divisible by --micro-batch-size × data-parallel size = {mbs} × {dp}; "
             f"make the global batch (rollout batch × samples / steps) a multiple of {mbs * dp}",
         )
+
+
+def _check_model_split(args: argparse.Namespace) -> None:
+    """The layers must split evenly over pipeline stages, the heads and KV groups over TP ranks."""
     layers, heads, groups = args.num_layers, args.num_attention_heads, args.num_query_groups
+    tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
     if layers % pp:
         raise ConfigError(
             "--pipeline-model-parallel-size",
@@ -392,6 +413,10 @@ def _check_parallelism(args: argparse.Namespace) -> None:
         raise ConfigError(
             "--num-query-groups", f"{groups} does not divide --num-attention-heads {heads}; use a divisor"
         )
+
+
+def _check_context_parallel(args: argparse.Namespace) -> None:
+    cp = args.context_parallel_size
     if cp > 1:
         # Megatron expects each context-parallel rank to get its load-balanced chunks of every sequence
         # (and the log-probs and loss gathered back); slime's micro-batches are not split that way.
@@ -401,7 +426,10 @@ def _check_parallelism(args: argparse.Namespace) -> None:
             "ranks, so each would train on whole sequences; use 1 (for long sequences: "
             "--use-dynamic-batch-size --max-tokens-per-gpu N, --recompute-activations)",
         )
-    if args.sequence_parallel and tp == 1:
+
+
+def _check_sequence_parallel(args: argparse.Namespace) -> None:
+    if args.sequence_parallel and args.tensor_model_parallel_size == 1:
         raise ConfigError(
             "--sequence-parallel", "needs --tensor-model-parallel-size > 1; drop it or raise TP"
         )
@@ -411,7 +439,11 @@ def _check_parallelism(args: argparse.Namespace) -> None:
             "needs Transformer Engine's norms (megatron-core's local torch norms refuse sequence "
             "parallelism), which the CPU path lacks; add --transformer-impl transformer_engine on GPUs",
         )
+
+
+def _check_expert_parallel(args: argparse.Namespace) -> None:
     ep, etp = args.expert_model_parallel_size, args.expert_tensor_parallel_size
+    pp = args.pipeline_model_parallel_size
     if ep > 1 and args.num_experts is None:
         raise ConfigError("--expert-model-parallel-size", f"{ep} needs an MoE model (--num-experts); use 1")
     if args.world_size % (etp * ep * pp):
@@ -427,21 +459,6 @@ def _check_parallelism(args: argparse.Namespace) -> None:
         )
     if args.num_experts is not None:
         _check_moe(args)
-    if args.recompute_granularity == "full" and (
-        args.recompute_method is None or args.recompute_num_layers is None
-    ):
-        raise ConfigError(
-            "--recompute-method",
-            "--recompute-granularity full needs it; add --recompute-method uniform --recompute-num-layers 1",
-        )
-    if args.overlap_param_gather and not args.use_distributed_optimizer:
-        raise ConfigError(
-            "--overlap-param-gather", "needs --use-distributed-optimizer; add it or drop this flag"
-        )
-    if args.lr_warmup_fraction is not None and args.lr_warmup_iters:
-        raise ConfigError("--lr-warmup-fraction", "cannot be combined with --lr-warmup-iters; keep one")
-    if args.save_interval is not None and args.save is None:
-        raise ConfigError("--save-interval", "given without --save; add --save DIR")
 
 
 def _check_moe(args: argparse.Namespace) -> None:
@@ -483,6 +500,25 @@ def _check_moe(args: argparse.Namespace) -> None:
             "--moe-pad-expert-input-to-capacity",
             "needs --moe-expert-capacity-factor; add it or drop this flag",
         )
+
+
+def _check_training_options(args: argparse.Namespace) -> None:
+    """Megatron options that need another one: recomputation, the distributed optimizer, warm-up, saving."""
+    if args.recompute_granularity == "full" and (
+        args.recompute_method is None or args.recompute_num_layers is None
+    ):
+        raise ConfigError(
+            "--recompute-method",
+            "--recompute-granularity full needs it; add --recompute-method uniform --recompute-num-layers 1",
+        )
+    if args.overlap_param_gather and not args.use_distributed_optimizer:
+        raise ConfigError(
+            "--overlap-param-gather", "needs --use-distributed-optimizer; add it or drop this flag"
+        )
+    if args.lr_warmup_fraction is not None and args.lr_warmup_iters:
+        raise ConfigError("--lr-warmup-fraction", "cannot be combined with --lr-warmup-iters; keep one")
+    if args.save_interval is not None and args.save is None:
+        raise ConfigError("--save-interval", "given without --save; add --save DIR")
 
 
 def _check_weight_sync(args: argparse.Namespace) -> None:

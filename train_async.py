@@ -17,8 +17,7 @@ import logging
 
 from tqdm import tqdm
 
-from slime.cli import run_entry_point
-from slime.config import check_overlappable
+from slime.cli import check_overlappable, run_entry_point
 from slime.ray.loop import RolloutLoop
 from slime.ray.rollouts_ahead import RolloutsAhead
 from slime.ray.session import TrainingSession

@@ -29,7 +29,8 @@ from slime.algorithms.losses import (
 from slime.algorithms.mismatch import masked_is_weights, mismatch_token_metrics, per_scored_token
 from slime.backends.megatron.batching import MicroBatch
 from slime.backends.megatron.loss import make_policy_loss_fn, make_value_loss_fn
-from slime.config.validate import ConfigError, _check_critic, _check_off_policy_corrections, check_implemented
+from slime.cli import check_implemented
+from slime.config.validate import ConfigError, _check_critic, _check_off_policy_corrections
 
 
 def test_grpo_normalises_each_group_by_its_mean_and_unbiased_std():

@@ -18,7 +18,8 @@ import ray
 import torch
 from conftest import model_args
 
-from slime.config import check_implemented, parse_args
+from slime.cli import check_implemented
+from slime.config import parse_args
 from slime.utils.http import get_json, post_json_sync
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from slime.cli import check_implemented
 from slime.config import (
     ConfigError,
     build_parser,
-    check_implemented,
     collect_sglang_args,
     parse_args,
     split_data_path,

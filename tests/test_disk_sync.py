@@ -15,7 +15,8 @@ from conftest import model_args
 
 from slime.backends.engine_server import start_engine_server
 from slime.backends.torch_engine.launcher import serving
-from slime.config import check_implemented, parse_args
+from slime.cli import check_implemented
+from slime.config import parse_args
 from slime.utils.http import get_json, is_ok, post_json_sync
 
 

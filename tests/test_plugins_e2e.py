@@ -18,7 +18,7 @@ def test_example_custom_loss_and_advantages_train_one_step(ray_cluster, tiny_mod
     from ray.util.placement_group import remove_placement_group
 
     from examples.custom_loss.custom_loss import length_penalized_advantages
-    from slime.config.validate import check_implemented
+    from slime.cli import check_implemented
 
     data = sft_data(8)
     data["rewards"] = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0]

@@ -253,6 +253,20 @@ def test_without_sglang_the_builtin_subset_is_used() -> None:
     assert set(sa.SLIME_CONTROLLED) <= names
 
 
+def test_the_builtin_subset_is_the_torch_engines_flag_table_too(tmp_path: Path) -> None:
+    """One hand-kept table of ServerArgs fields: the torch engine's flags, types and defaults are its."""
+    from slime.backends.torch_engine import server_args as engine
+
+    table = set(sa.init_fields(sa.FallbackServerArgs))
+    assert set(engine.HONOURED) <= table
+    assert set(engine.NO_EFFECT) - table == {"cuda_graph_max_bs", "cuda_graph_bs"}  # names before 0.5.23
+    argv = ["--model-path", str(tmp_path), "--port", "7", "--mem-fraction-static", "0.5"]
+    args = engine.parse_server_args(argv)
+    settings = {k: v for k, v in dataclasses.asdict(args).items() if k in table}
+    assert settings == dataclasses.asdict(sa.FallbackServerArgs(model_path=str(tmp_path), port=7))
+    assert args.ignored == {"mem_fraction_static": "0.5"}
+
+
 def _hf(tmp_path: Path) -> str:
     config = {
         "model_type": "qwen2", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,

@@ -8,20 +8,12 @@ from slime.config.errors import ConfigError
 from slime.config.parser import build_parser, parse_args
 from slime.config.sglang_args import collect_sglang_args
 from slime.config.slime_args import PLUGIN_FLAGS
-from slime.config.validate import (
-    check_implemented,
-    check_overlappable,
-    split_data_path,
-    uses_engines,
-    validate_args,
-)
+from slime.config.validate import split_data_path, uses_engines, validate_args
 
 __all__ = [
     "PLUGIN_FLAGS",
     "ConfigError",
     "build_parser",
-    "check_implemented",
-    "check_overlappable",
     "collect_sglang_args",
     "parse_args",
     "split_data_path",

@@ -3,7 +3,8 @@
 The megatron-core wheel ships no ``megatron.training`` argument parser, so this project owns the
 flags that ``scripts/models/*.sh`` and Megatron-LM launch scripts pass. Names, ``dest`` and
 defaults follow ``megatron/training/arguments.py``; the few deliberate differences are said in
-the help text (dropout 0.0, ``--transformer-impl local``, ``--num-query-groups`` derived).
+the help text (dropout 0.0, ``--transformer-impl local``, ``--num-query-groups`` derived), and the
+parallel sizes, ``--micro-batch-size`` and ``--save-interval`` refuse values below 1 while parsing.
 Model-shape flags left out are filled from the HF ``config.json`` (see ``hf_config.py``).
 """
 
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import ast
+
+from slime.config.arg_types import positive_int
 
 _FROM_HF = "taken from config.json when omitted"
 
@@ -268,11 +271,15 @@ def _add_moe(parser: argparse.ArgumentParser) -> None:
 
 def _add_parallelism(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("Megatron: parallelism")
-    g.add_argument("--tensor-model-parallel-size", type=int, default=1, help="Tensor-parallel size (TP).")
-    g.add_argument("--pipeline-model-parallel-size", type=int, default=1, help="Pipeline-parallel size (PP).")
+    g.add_argument(
+        "--tensor-model-parallel-size", type=positive_int, default=1, help="Tensor-parallel size (TP)."
+    )
+    g.add_argument(
+        "--pipeline-model-parallel-size", type=positive_int, default=1, help="Pipeline-parallel size (PP)."
+    )
     g.add_argument(
         "--num-layers-per-virtual-pipeline-stage",
-        type=int,
+        type=positive_int,
         default=None,
         help="Layers per virtual pipeline stage (interleaved 1F1B).",
     )
@@ -282,11 +289,15 @@ def _add_parallelism(parser: argparse.ArgumentParser) -> None:
         dest="overlap_p2p_comm",
         help="Interleaved 1F1B: wait for each pipeline send/receive instead of overlapping them.",
     )
-    g.add_argument("--context-parallel-size", type=int, default=1, help="Context-parallel size (CP).")
-    g.add_argument("--expert-model-parallel-size", type=int, default=1, help="Expert-parallel size (EP).")
+    g.add_argument(
+        "--context-parallel-size", type=positive_int, default=1, help="Context-parallel size (CP)."
+    )
+    g.add_argument(
+        "--expert-model-parallel-size", type=positive_int, default=1, help="Expert-parallel size (EP)."
+    )
     g.add_argument(
         "--expert-tensor-parallel-size",
-        type=int,
+        type=positive_int,
         default=None,
         help="Tensor-parallel size inside the experts (defaults to TP).",
     )
@@ -320,7 +331,9 @@ def _add_parallelism(parser: argparse.ArgumentParser) -> None:
 
 def _add_training(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("Megatron: training & optimizer")
-    g.add_argument("--micro-batch-size", type=int, default=1, help="Samples per micro-batch per DP rank.")
+    g.add_argument(
+        "--micro-batch-size", type=positive_int, default=1, help="Samples per micro-batch per DP rank."
+    )
     g.add_argument("--optimizer", choices=["adam", "sgd"], default="adam", help="Optimizer.")
     g.add_argument(
         "--lr", type=float, default=None, help="Peak learning rate (required unless --debug-rollout-only)."
@@ -411,7 +424,7 @@ def _add_checkpointing(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--save", type=str, default=None, help="Directory to save Megatron checkpoints to.")
     g.add_argument(
-        "--save-interval", type=int, default=None, help="Save a checkpoint every this many rollouts."
+        "--save-interval", type=positive_int, default=None, help="Save a checkpoint every this many rollouts."
     )
     g.add_argument(
         "--no-load-optim", action="store_true", default=None, help="Do not load the optimizer state."

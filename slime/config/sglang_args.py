@@ -8,6 +8,8 @@ the day it ships (a dataclass up to SGLang 0.5.19, a ``msgspec.Struct`` from 0.5
 read), or the built-in ``FallbackServerArgs`` subset on machines without SGLang, where
 flags outside the subset are left to the engine backend (the torch engine refuses the ones it does
 not implement when it starts). The fields slime sets for each engine are refused in both cases.
+That subset is slime's one hand-kept table of ServerArgs fields: the torch engine's command line
+(``slime.backends.torch_engine.server_args``) takes its flags, types and defaults from it too.
 
 slime's own flags that happen to start with ``--sglang-`` are declared by the parser, so argparse
 consumes them before anything reaches this module.
@@ -60,9 +62,11 @@ random seed, memory saver, nnodes, node rank. Example:
 
 @dataclass
 class FallbackServerArgs:
-    """The SGLang server flags checked where SGLang is not installed (field names and types as
-    SGLang's ServerArgs has them): the ones RL runs set most, and the fields slime controls. Each is
-    a flag of SGLang 0.5.23 (tests/test_sglang_wheels.py checks it against the real class)."""
+    """The SGLang server flags slime knows without SGLang (field names, types and defaults as
+    SGLang's ServerArgs has them): the ones RL runs set most, and the fields slime controls. Read by
+    the ``--sglang-*`` check where SGLang is not installed and by the torch engine's command line,
+    which honours some and accepts the others without effect. Each is a flag of SGLang 0.5.23
+    (tests/test_sglang_wheels.py checks it against the real class)."""
 
     model_path: str = ""
     tokenizer_path: str | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from slime.config.arg_types import positive_int
 from slime.utils.engine_api import SUPPORTED_SGLANG
 
 DEFAULT_ROLLOUT_FUNCTION_PATH = "slime.rollout.sglang_rollout.generate_rollout"
@@ -11,8 +12,8 @@ DEFAULT_ROLLOUT_FUNCTION_PATH = "slime.rollout.sglang_rollout.generate_rollout"
 
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("slime: cluster")
-    g.add_argument("--actor-num-nodes", type=int, default=1, help="Nodes running trainer workers.")
-    g.add_argument("--actor-num-gpus-per-node", type=int, default=1, help="Trainer GPUs per node.")
+    g.add_argument("--actor-num-nodes", type=positive_int, default=1, help="Nodes running trainer workers.")
+    g.add_argument("--actor-num-gpus-per-node", type=positive_int, default=1, help="Trainer GPUs per node.")
     g.add_argument(
         "--rollout-num-gpus",
         type=int,
@@ -20,7 +21,7 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         help="GPUs for rollout engines (with --colocate: the trainer's GPUs, derived).",
     )
     g.add_argument(
-        "--rollout-num-gpus-per-engine", type=int, default=1, help="GPUs per engine (its TP size)."
+        "--rollout-num-gpus-per-engine", type=positive_int, default=1, help="GPUs per engine (its TP size)."
     )
     g.add_argument(
         "--colocate", action="store_true", help="Run trainers and engines on the same GPUs, taking turns."
@@ -51,7 +52,7 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--num-gpus-per-node",
-        type=int,
+        type=positive_int,
         default=8,
         help="GPUs per physical node; engines larger than this span nodes.",
     )
@@ -80,7 +81,10 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
         "per-sample step (multi-turn, tools); helpers in slime.rollout.generate_utils.",
     )
     g.add_argument(
-        "--max-turns", type=int, default=8, help="Most model turns of a multi-turn custom generate function."
+        "--max-turns",
+        type=positive_int,
+        default=8,
+        help="Most model turns of a multi-turn custom generate function.",
     )
     g.add_argument(
         "--dynamic-sampling-filter-path",
@@ -104,11 +108,15 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
         help="Plugin path of a data source class C(args) with get_samples, add_samples, save and load "
         "(default: prompts from --prompt-data).",
     )
-    g.add_argument("--rollout-batch-size", type=int, default=None, help="Prompts per rollout (required).")
-    g.add_argument("--n-samples-per-prompt", type=int, default=1, help="Responses sampled per prompt.")
+    g.add_argument(
+        "--rollout-batch-size", type=positive_int, default=None, help="Prompts per rollout (required)."
+    )
+    g.add_argument(
+        "--n-samples-per-prompt", type=positive_int, default=1, help="Responses sampled per prompt."
+    )
     g.add_argument(
         "--over-sampling-batch-size",
-        type=int,
+        type=positive_int,
         default=None,
         help="Prompts submitted per sampling round when filtering (default: --rollout-batch-size).",
     )
@@ -116,10 +124,13 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--rollout-top-p", type=float, default=1.0, help="Nucleus sampling threshold.")
     g.add_argument("--rollout-top-k", type=int, default=-1, help="Top-k sampling (-1 = off).")
     g.add_argument(
-        "--rollout-max-response-len", type=int, default=1024, help="Maximum new tokens per response."
+        "--rollout-max-response-len", type=positive_int, default=1024, help="Maximum new tokens per response."
     )
     g.add_argument(
-        "--rollout-max-prompt-len", type=int, default=None, help="Drop prompts longer than this (tokens)."
+        "--rollout-max-prompt-len",
+        type=positive_int,
+        default=None,
+        help="Drop prompts longer than this (tokens).",
     )
     g.add_argument("--rollout-stop", nargs="+", default=None, help="Stop strings.")
     g.add_argument("--rollout-stop-token-ids", nargs="+", type=int, default=None, help="Stop token ids.")
@@ -132,19 +143,19 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--rollout-shuffle", action="store_true", help="Shuffle the prompts each epoch.")
     g.add_argument(
         "--sglang-server-concurrency",
-        type=int,
+        type=positive_int,
         default=512,
         help="Maximum in-flight requests per engine (a slime flag, not passed to SGLang).",
     )
     g.add_argument(
         "--num-rollout",
-        type=int,
+        type=positive_int,
         default=None,
         help="Rollouts (training steps) to run; derived from --num-epoch when omitted.",
     )
     g.add_argument(
         "--num-epoch",
-        type=int,
+        type=positive_int,
         default=None,
         help="Passes over --prompt-data; sets --num-rollout once the data size is known.",
     )
@@ -203,7 +214,9 @@ def add_reward_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("slime: evaluation")
-    g.add_argument("--eval-interval", type=int, default=None, help="Evaluate every this many rollouts.")
+    g.add_argument(
+        "--eval-interval", type=positive_int, default=None, help="Evaluate every this many rollouts."
+    )
     g.add_argument(
         "--eval-prompt-data",
         nargs="+",
@@ -211,9 +224,14 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME PATH",
         help="Evaluation sets as NAME PATH pairs.",
     )
-    g.add_argument("--n-samples-per-eval-prompt", type=int, default=1, help="Responses per eval prompt.")
     g.add_argument(
-        "--eval-max-response-len", type=int, default=None, help="Eval max new tokens (default: rollout's)."
+        "--n-samples-per-eval-prompt", type=positive_int, default=1, help="Responses per eval prompt."
+    )
+    g.add_argument(
+        "--eval-max-response-len",
+        type=positive_int,
+        default=None,
+        help="Eval max new tokens (default: rollout's).",
     )
     g.add_argument(
         "--eval-temperature", type=float, default=None, help="Eval temperature (default: rollout's)."

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from slime.config.arg_types import positive_float, positive_int
+
 ADVANTAGE_ESTIMATORS = (
     "grpo",
     "dr_grpo",
@@ -30,13 +32,13 @@ def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--global-batch-size",
-        type=int,
+        type=positive_int,
         default=None,
         help="Samples per optimizer step (derived from the rollout size when omitted).",
     )
     g.add_argument(
         "--num-steps-per-rollout",
-        type=int,
+        type=positive_int,
         default=None,
         help="Optimizer steps per rollout (derived when omitted).",
     )
@@ -53,7 +55,7 @@ def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--max-tokens-per-gpu",
-        type=int,
+        type=positive_int,
         default=None,
         help="Token budget of one micro-batch with --use-dynamic-batch-size (at least the longest sample).",
     )
@@ -104,7 +106,7 @@ def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--ref-update-interval",
-        type=int,
+        type=positive_int,
         default=None,
         help="Refresh the KL reference from the current policy every N rollouts (default: never).",
     )
@@ -125,8 +127,10 @@ def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
         "--mis-lower-bound", type=float, default=None, help="Smallest MIS ratio kept (default 1/upper)."
     )
     c = parser.add_argument_group("slime: critic (--advantage-estimator ppo)")
-    c.add_argument("--critic-num-nodes", type=int, default=1, help="Nodes of the critic group.")
-    c.add_argument("--critic-num-gpus-per-node", type=int, default=1, help="GPUs per node of the critic.")
+    c.add_argument("--critic-num-nodes", type=positive_int, default=1, help="Nodes of the critic group.")
+    c.add_argument(
+        "--critic-num-gpus-per-node", type=positive_int, default=1, help="GPUs per node of the critic."
+    )
     c.add_argument("--critic-lr", type=float, default=None, help="Critic learning rate (default: --lr).")
     c.add_argument(
         "--critic-load", type=str, default=None, help="Critic checkpoint dir (default: <--load>/critic)."
@@ -156,13 +160,13 @@ def add_weight_sync_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("slime: weight sync")
     g.add_argument(
         "--update-weight-buffer-size",
-        type=int,
+        type=positive_int,
         default=512 * 1024**2,
         help="Bytes per weight-update bucket sent to the engines.",
     )
     g.add_argument(
         "--update-weights-timeout",
-        type=float,
+        type=positive_float,
         default=300.0,
         help="Seconds to wait for the engines to take new weights.",
     )
@@ -183,7 +187,7 @@ def add_weight_sync_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--update-weights-interval",
-        type=int,
+        type=positive_int,
         default=1,
         help="Push the trainer's weights to the engines every N rollouts (and after the last one).",
     )
@@ -193,7 +197,7 @@ def add_async_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("slime: overlapped training (train_async.py)")
     g.add_argument(
         "--async-buffer-size",
-        type=int,
+        type=positive_int,
         default=1,
         help="How many rollouts generation may run ahead of the one being trained.",
     )

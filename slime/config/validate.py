@@ -7,7 +7,10 @@ clear line at start-up, not a Ray traceback ten minutes later (DESIGN.md §4). E
 
 Checks run in dependency order: modes and required flags, value ranges, paths, the model shape
 (filled from / checked against the HF config.json), cluster layout, batch arithmetic, parallel
-layout, algorithm, evaluation, and last the plugins (they import user code).
+layout, Megatron options, weight transport, algorithm, evaluation, and last the plugins (they
+import user code). The file reads in that order too: ``validate_args`` first, then each check as
+it calls them, its helpers after it. Counts and sizes that must be positive are refused earlier,
+while parsing, by their argparse type (``arg_types``).
 """
 
 from __future__ import annotations
@@ -26,8 +29,6 @@ from slime.config.sglang_args import check_sglang_server_args
 from slime.config.slime_args import DEFAULT_ROLLOUT_FUNCTION_PATH, PLUGIN_FLAGS
 from slime.utils.checkpoint_layout import TRACKER_FILE, iteration_dir, latest_rollout_id, saved_rollout_ids
 from slime.utils.plugins import PluginError, absolute_path, check_plugin
-
-_SLICE = re.compile(r"^(?P<path>.+)@\[(?P<start>-?\d*):(?P<stop>-?\d*)\]$")
 
 
 def validate_args(args: argparse.Namespace, explicit: Collection[str] | None = None) -> None:
@@ -49,38 +50,12 @@ def validate_args(args: argparse.Namespace, explicit: Collection[str] | None = N
     _check_cluster(args)
     _check_batch(args)
     _check_parallelism(args)
+    _check_training_options(args)
     _check_weight_sync(args)
     _check_engine_backend(args)
     _check_algorithm(args)
     _check_eval(args)
     _check_plugins(args)
-
-
-def split_data_path(spec: str) -> tuple[str, slice | None]:
-    """Split ``PATH@[start:end]`` (either bound optional) into the path and a ``slice``.
-
-    Raises ``ValueError`` for a malformed suffix; a path without ``@[`` has no slice.
-    """
-    if "@[" not in spec:
-        return spec, None
-    match = _SLICE.match(spec)
-    if match is None:
-        raise ValueError(
-            f"bad slice in {spec!r}; write PATH@[start:end] with integer bounds, e.g. data.jsonl@[0:100]"
-        )
-    start, stop = (int(v) if v else None for v in match.group("start", "stop"))
-    return match.group("path"), slice(start, stop)
-
-
-def _flag(dest: str) -> str:
-    return "--" + dest.replace("_", "-")
-
-
-@functools.cache
-def _megatron_defaults() -> dict[str, Any]:
-    parser = argparse.ArgumentParser(add_help=False)
-    add_megatron_arguments(parser)
-    return vars(parser.parse_args([]))
 
 
 def _given_fn(args: argparse.Namespace, explicit: Collection[str] | None) -> Callable[[str], bool]:
@@ -91,6 +66,17 @@ def _given_fn(args: argparse.Namespace, explicit: Collection[str] | None) -> Cal
         return names.__contains__
     defaults = _megatron_defaults()
     return lambda dest: getattr(args, dest, None) != defaults.get(dest)
+
+
+@functools.cache
+def _megatron_defaults() -> dict[str, Any]:
+    parser = argparse.ArgumentParser(add_help=False)
+    add_megatron_arguments(parser)
+    return vars(parser.parse_args([]))
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
 
 
 def _check_modes(args: argparse.Namespace) -> None:
@@ -127,49 +113,7 @@ def _check_required(args: argparse.Namespace) -> None:
         raise ConfigError("--num-rollout", "required; pass --num-rollout N (or --num-epoch N)")
 
 
-_POSITIVE = (
-    "actor_num_nodes",
-    "actor_num_gpus_per_node",
-    "rollout_num_gpus_per_engine",
-    "num_gpus_per_node",
-    "rollout_batch_size",
-    "n_samples_per_prompt",
-    "over_sampling_batch_size",
-    "max_turns",
-    "rollout_max_response_len",
-    "rollout_max_prompt_len",
-    "sglang_server_concurrency",
-    "num_rollout",
-    "num_epoch",
-    "global_batch_size",
-    "num_steps_per_rollout",
-    "micro_batch_size",
-    "max_tokens_per_gpu",
-    "tensor_model_parallel_size",
-    "pipeline_model_parallel_size",
-    "context_parallel_size",
-    "expert_model_parallel_size",
-    "expert_tensor_parallel_size",
-    "num_layers_per_virtual_pipeline_stage",
-    "critic_num_nodes",
-    "critic_num_gpus_per_node",
-    "ref_update_interval",
-    "update_weight_buffer_size",
-    "update_weights_timeout",
-    "update_weights_interval",
-    "async_buffer_size",
-    "eval_interval",
-    "n_samples_per_eval_prompt",
-    "eval_max_response_len",
-    "save_interval",
-)
-
-
 def _check_ranges(args: argparse.Namespace) -> None:
-    for dest in _POSITIVE:
-        value = getattr(args, dest)
-        if value is not None and value <= 0:
-            raise ConfigError(_flag(dest), f"must be positive, got {value}; pass a value >= 1")
     if args.rollout_num_gpus is not None and args.rollout_num_gpus < 0:
         raise ConfigError("--rollout-num-gpus", f"must not be negative, got {args.rollout_num_gpus}")
     for prefix in ("rollout", "eval"):
@@ -186,13 +130,30 @@ def _check_ranges(args: argparse.Namespace) -> None:
         raise ConfigError("--lr", f"must not be negative, got {args.lr}")
 
 
-def _check_data_file(flag: str, spec: str) -> None:
-    try:
-        path, _ = split_data_path(spec)
-    except ValueError as e:
-        raise ConfigError(flag, str(e)) from e
-    if not os.path.exists(path):
-        raise ConfigError(flag, f"{path} does not exist; pass an existing JSONL or Parquet file")
+def _check_paths(args: argparse.Namespace) -> None:
+    # --hf-checkpoint is read (and so checked) by _derive_model; --load-debug-rollout-data is a
+    # {rollout_id} pattern.
+    check_checkpoint_to_load(args)
+    if args.prompt_data is not None:
+        _check_data_file("--prompt-data", args.prompt_data)
+    if args.ref_load is not None and not os.path.exists(args.ref_load):
+        raise ConfigError(
+            "--ref-load", f"{args.ref_load} does not exist; pass the reference checkpoint directory"
+        )
+    specs = args.eval_prompt_data or []
+    if len(specs) % 2:
+        raise ConfigError(
+            "--eval-prompt-data",
+            f"got {len(specs)} value(s), expected NAME PATH pairs; e.g. aime /data/aime.jsonl",
+        )
+    args.eval_datasets = list(zip(specs[::2], specs[1::2], strict=True))
+    names = [name for name, _ in args.eval_datasets]
+    if len(set(names)) != len(names):
+        raise ConfigError(
+            "--eval-prompt-data", f"dataset names repeat in {names}; give each set its own NAME"
+        )
+    for _, spec in args.eval_datasets:
+        _check_data_file("--eval-prompt-data", spec)
 
 
 def check_checkpoint_to_load(args: argparse.Namespace, required: bool = False) -> int | None:
@@ -227,30 +188,32 @@ def check_checkpoint_to_load(args: argparse.Namespace, required: bool = False) -
     return rollout_id
 
 
-def _check_paths(args: argparse.Namespace) -> None:
-    # --hf-checkpoint is read (and so checked) by _derive_model; --load-debug-rollout-data is a
-    # {rollout_id} pattern.
-    check_checkpoint_to_load(args)
-    if args.prompt_data is not None:
-        _check_data_file("--prompt-data", args.prompt_data)
-    if args.ref_load is not None and not os.path.exists(args.ref_load):
-        raise ConfigError(
-            "--ref-load", f"{args.ref_load} does not exist; pass the reference checkpoint directory"
+def _check_data_file(flag: str, spec: str) -> None:
+    try:
+        path, _ = split_data_path(spec)
+    except ValueError as e:
+        raise ConfigError(flag, str(e)) from e
+    if not os.path.exists(path):
+        raise ConfigError(flag, f"{path} does not exist; pass an existing JSONL or Parquet file")
+
+
+_SLICE = re.compile(r"^(?P<path>.+)@\[(?P<start>-?\d*):(?P<stop>-?\d*)\]$")
+
+
+def split_data_path(spec: str) -> tuple[str, slice | None]:
+    """Split ``PATH@[start:end]`` (either bound optional) into the path and a ``slice``.
+
+    Raises ``ValueError`` for a malformed suffix; a path without ``@[`` has no slice.
+    """
+    if "@[" not in spec:
+        return spec, None
+    match = _SLICE.match(spec)
+    if match is None:
+        raise ValueError(
+            f"bad slice in {spec!r}; write PATH@[start:end] with integer bounds, e.g. data.jsonl@[0:100]"
         )
-    specs = args.eval_prompt_data or []
-    if len(specs) % 2:
-        raise ConfigError(
-            "--eval-prompt-data",
-            f"got {len(specs)} value(s), expected NAME PATH pairs; e.g. aime /data/aime.jsonl",
-        )
-    args.eval_datasets = list(zip(specs[::2], specs[1::2], strict=True))
-    names = [name for name, _ in args.eval_datasets]
-    if len(set(names)) != len(names):
-        raise ConfigError(
-            "--eval-prompt-data", f"dataset names repeat in {names}; give each set its own NAME"
-        )
-    for _, spec in args.eval_datasets:
-        _check_data_file("--eval-prompt-data", spec)
+    start, stop = (int(v) if v else None for v in match.group("start", "stop"))
+    return match.group("path"), slice(start, stop)
 
 
 def _derive_model(args: argparse.Namespace, given: Callable[[str], bool]) -> None:
@@ -329,6 +292,235 @@ def _check_cluster(args: argparse.Namespace) -> None:
         )
 
 
+def _check_batch(args: argparse.Namespace) -> None:
+    rbs, n = args.rollout_batch_size, args.n_samples_per_prompt
+    gbs, steps = args.global_batch_size, args.num_steps_per_rollout
+    samples = rbs * n
+    rollout = f"--rollout-batch-size × --n-samples-per-prompt = {rbs} × {n} = {samples}"
+    if gbs is None:
+        steps = steps or 1
+        if samples % steps:
+            raise ConfigError(
+                "--num-steps-per-rollout",
+                f"{rollout} samples cannot be split into {steps} equal steps; use a divisor of {samples}",
+            )
+        gbs = samples // steps
+    elif steps is None:
+        if samples % gbs:
+            raise ConfigError(
+                "--global-batch-size",
+                f"{rollout} samples per rollout is not a multiple of {gbs}; use a divisor of {samples}, "
+                f"e.g. --global-batch-size {samples}",
+            )
+        steps = samples // gbs
+    elif gbs * steps != samples:
+        if samples % steps == 0:
+            fix = f"use --global-batch-size {samples // steps}"
+        elif samples % gbs == 0:
+            fix = f"use --num-steps-per-rollout {samples // gbs}"
+        else:
+            fix = f"make their product {samples}"
+        raise ConfigError(
+            "--global-batch-size",
+            f"{rollout} but --global-batch-size × --num-steps-per-rollout = {gbs} × {steps} = {gbs * steps}; "
+            + fix,
+        )
+    args.global_batch_size, args.num_steps_per_rollout = gbs, steps
+    if args.over_sampling_batch_size is None:
+        args.over_sampling_batch_size = rbs
+    elif args.over_sampling_batch_size < rbs:
+        raise ConfigError(
+            "--over-sampling-batch-size",
+            f"{args.over_sampling_batch_size} is below --rollout-batch-size {rbs}; use at least {rbs}",
+        )
+
+
+def _check_parallelism(args: argparse.Namespace) -> None:
+    """The trainer's parallel layout against its GPUs, its batches and the model's shape."""
+    _check_model_parallel_gpus(args)
+    _check_micro_batches(args)
+    _check_model_split(args)
+    _check_context_parallel(args)
+    _check_sequence_parallel(args)
+    _check_expert_parallel(args)
+
+
+def _check_model_parallel_gpus(args: argparse.Namespace) -> None:
+    """TP × PP × CP must divide the trainer GPUs; what is left is the data-parallel size."""
+    tp, pp, cp = (
+        args.tensor_model_parallel_size,
+        args.pipeline_model_parallel_size,
+        args.context_parallel_size,
+    )
+    sizes = {
+        "--tensor-model-parallel-size": tp,
+        "--pipeline-model-parallel-size": pp,
+        "--context-parallel-size": cp,
+    }
+    model_parallel = tp * pp * cp
+    if args.world_size % model_parallel:
+        flag = next((f for f, size in sizes.items() if size > 1), "--tensor-model-parallel-size")
+        raise ConfigError(
+            flag,
+            f"trainer GPUs {args.world_size} are not divisible by TP × PP × CP = {tp} × {pp} × {cp}; "
+            f"use sizes whose product divides {args.world_size}",
+        )
+    args.data_parallel_size = args.world_size // model_parallel
+
+
+def _check_micro_batches(args: argparse.Namespace) -> None:
+    if args.use_dynamic_batch_size != (args.max_tokens_per_gpu is not None):
+        if args.use_dynamic_batch_size:
+            raise ConfigError("--use-dynamic-batch-size", "needs --max-tokens-per-gpu N; add it")
+        raise ConfigError("--max-tokens-per-gpu", "has no effect without --use-dynamic-batch-size; add it")
+    dp = args.data_parallel_size
+    # Dynamic micro-batches are cut from each rank's samples by tokens, not by --micro-batch-size.
+    mbs = 1 if args.use_dynamic_batch_size else args.micro_batch_size
+    gbs = args.global_batch_size
+    if gbs % (mbs * dp):
+        raise ConfigError(
+            "--global-batch-size",
+            f"{gbs} is not divisible by --micro-batch-size × data-parallel size = {mbs} × {dp}; "
+            f"make the global batch (rollout batch × samples / steps) a multiple of {mbs * dp}",
+        )
+
+
+def _check_model_split(args: argparse.Namespace) -> None:
+    """The layers must split evenly over pipeline stages, the heads and KV groups over TP ranks."""
+    layers, heads, groups = args.num_layers, args.num_attention_heads, args.num_query_groups
+    tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
+    if layers % pp:
+        raise ConfigError(
+            "--pipeline-model-parallel-size",
+            f"{pp} does not divide --num-layers {layers}; use a divisor of {layers}",
+        )
+    vpp = args.num_layers_per_virtual_pipeline_stage
+    if vpp is not None and (layers // pp) % vpp:
+        raise ConfigError(
+            "--num-layers-per-virtual-pipeline-stage",
+            f"{vpp} does not divide the {layers // pp} layers of each pipeline stage; use a divisor",
+        )
+    if heads % tp:
+        raise ConfigError(
+            "--tensor-model-parallel-size",
+            f"{tp} does not divide --num-attention-heads {heads}; use a divisor",
+        )
+    if groups % tp:
+        raise ConfigError(
+            "--tensor-model-parallel-size", f"{tp} does not divide --num-query-groups {groups}; use a divisor"
+        )
+    if heads % groups:
+        raise ConfigError(
+            "--num-query-groups", f"{groups} does not divide --num-attention-heads {heads}; use a divisor"
+        )
+
+
+def _check_context_parallel(args: argparse.Namespace) -> None:
+    cp = args.context_parallel_size
+    if cp > 1:
+        # Megatron expects each context-parallel rank to get its load-balanced chunks of every sequence
+        # (and the log-probs and loss gathered back); slime's micro-batches are not split that way.
+        raise ConfigError(
+            "--context-parallel-size",
+            f"{cp} is not supported yet: slime does not split micro-batches across context-parallel "
+            "ranks, so each would train on whole sequences; use 1 (for long sequences: "
+            "--use-dynamic-batch-size --max-tokens-per-gpu N, --recompute-activations)",
+        )
+
+
+def _check_sequence_parallel(args: argparse.Namespace) -> None:
+    if args.sequence_parallel and args.tensor_model_parallel_size == 1:
+        raise ConfigError(
+            "--sequence-parallel", "needs --tensor-model-parallel-size > 1; drop it or raise TP"
+        )
+    if args.sequence_parallel and args.transformer_impl != "transformer_engine":
+        raise ConfigError(
+            "--sequence-parallel",
+            "needs Transformer Engine's norms (megatron-core's local torch norms refuse sequence "
+            "parallelism), which the CPU path lacks; add --transformer-impl transformer_engine on GPUs",
+        )
+
+
+def _check_expert_parallel(args: argparse.Namespace) -> None:
+    ep, etp = args.expert_model_parallel_size, args.expert_tensor_parallel_size
+    pp = args.pipeline_model_parallel_size
+    if ep > 1 and args.num_experts is None:
+        raise ConfigError("--expert-model-parallel-size", f"{ep} needs an MoE model (--num-experts); use 1")
+    if args.world_size % (etp * ep * pp):
+        raise ConfigError(
+            "--expert-model-parallel-size",
+            f"trainer GPUs {args.world_size} are not divisible by expert TP × EP × PP = {etp} × {ep} × {pp}; "
+            "use sizes whose product divides it",
+        )
+    if args.num_experts is not None and args.num_experts % ep:
+        raise ConfigError(
+            "--expert-model-parallel-size",
+            f"{ep} does not divide --num-experts {args.num_experts}; use a divisor",
+        )
+    if args.num_experts is not None:
+        _check_moe(args)
+
+
+def _check_moe(args: argparse.Namespace) -> None:
+    if args.tensor_model_parallel_size > 1 and not args.sequence_parallel:
+        # megatron-core's MoELayer raises in training mode when attention TP > 1 runs without it.
+        raise ConfigError(
+            "--tensor-model-parallel-size",
+            "> 1 with MoE layers needs --sequence-parallel in megatron-core (Transformer Engine, GPU "
+            "only); add it on GPUs or use --expert-model-parallel-size instead of TP",
+        )
+    freq, layers = args.moe_layer_freq, args.num_layers
+    if isinstance(freq, list) and len(freq) != layers:
+        raise ConfigError(
+            "--moe-layer-freq",
+            f"lists {len(freq)} layers but --num-layers is {layers}; give one 0/1 per layer",
+        )
+    pattern = freq if isinstance(freq, list) else [int(i % freq == 0) for i in range(layers)]
+    if not all(pattern):
+        # HF<->Megatron conversion and the layer spec assume every layer is an MoE layer (Qwen3-MoE,
+        # Qwen2-MoE); dense layers between them have not been built yet.
+        raise ConfigError(
+            "--moe-layer-freq",
+            "dense layers in an MoE model are not implemented yet; use 1 (every layer MoE)",
+        )
+    if args.expert_model_parallel_size > 1 and args.moe_token_dispatcher_type == "allgather":
+        # Megatron's allgather dispatcher gathers equal-sized token buffers over the expert-parallel
+        # ranks, which span data-parallel ranks; their micro-batches differ in length here.
+        raise ConfigError(
+            "--moe-token-dispatcher-type",
+            "allgather needs the same token count on every expert-parallel rank, but micro-batches "
+            "differ in length across data-parallel ranks; use alltoall with --expert-model-parallel-size > 1",
+        )
+    if args.moe_shared_expert_gate and not args.moe_shared_expert_intermediate_size:
+        raise ConfigError(
+            "--moe-shared-expert-gate", "needs --moe-shared-expert-intermediate-size N (the shared expert)"
+        )
+    if args.moe_pad_expert_input_to_capacity and args.moe_expert_capacity_factor is None:
+        raise ConfigError(
+            "--moe-pad-expert-input-to-capacity",
+            "needs --moe-expert-capacity-factor; add it or drop this flag",
+        )
+
+
+def _check_training_options(args: argparse.Namespace) -> None:
+    """Megatron options that need another one: recomputation, the distributed optimizer, warm-up, saving."""
+    if args.recompute_granularity == "full" and (
+        args.recompute_method is None or args.recompute_num_layers is None
+    ):
+        raise ConfigError(
+            "--recompute-method",
+            "--recompute-granularity full needs it; add --recompute-method uniform --recompute-num-layers 1",
+        )
+    if args.overlap_param_gather and not args.use_distributed_optimizer:
+        raise ConfigError(
+            "--overlap-param-gather", "needs --use-distributed-optimizer; add it or drop this flag"
+        )
+    if args.lr_warmup_fraction is not None and args.lr_warmup_iters:
+        raise ConfigError("--lr-warmup-fraction", "cannot be combined with --lr-warmup-iters; keep one")
+    if args.save_interval is not None and args.save is None:
+        raise ConfigError("--save-interval", "given without --save; add --save DIR")
+
+
 def _check_weight_sync(args: argparse.Namespace) -> None:
     """The weight transport against the placement: in place only when colocated, never NCCL on one GPU."""
     transport = args.update_weight_transport
@@ -392,11 +584,6 @@ def _check_weight_sync(args: argparse.Namespace) -> None:
             )
 
 
-def uses_engines(args: argparse.Namespace) -> bool:
-    """SFT and train-only debugging need no rollout engines."""
-    return not args.debug_train_only and args.loss_type != "sft_loss"
-
-
 def _check_engine_backend(args: argparse.Namespace) -> None:
     """What the SGLang servers need for the flags slime sets on them, installed here: the driver runs
     the engine nodes' image (the Docker image has them all)."""
@@ -416,222 +603,9 @@ def _check_engine_backend(args: argparse.Namespace) -> None:
         )
 
 
-def _check_batch(args: argparse.Namespace) -> None:
-    rbs, n = args.rollout_batch_size, args.n_samples_per_prompt
-    gbs, steps = args.global_batch_size, args.num_steps_per_rollout
-    samples = rbs * n
-    rollout = f"--rollout-batch-size × --n-samples-per-prompt = {rbs} × {n} = {samples}"
-    if gbs is None:
-        steps = steps or 1
-        if samples % steps:
-            raise ConfigError(
-                "--num-steps-per-rollout",
-                f"{rollout} samples cannot be split into {steps} equal steps; use a divisor of {samples}",
-            )
-        gbs = samples // steps
-    elif steps is None:
-        if samples % gbs:
-            raise ConfigError(
-                "--global-batch-size",
-                f"{rollout} samples per rollout is not a multiple of {gbs}; use a divisor of {samples}, "
-                f"e.g. --global-batch-size {samples}",
-            )
-        steps = samples // gbs
-    elif gbs * steps != samples:
-        if samples % steps == 0:
-            fix = f"use --global-batch-size {samples // steps}"
-        elif samples % gbs == 0:
-            fix = f"use --num-steps-per-rollout {samples // gbs}"
-        else:
-            fix = f"make their product {samples}"
-        raise ConfigError(
-            "--global-batch-size",
-            f"{rollout} but --global-batch-size × --num-steps-per-rollout = {gbs} × {steps} = {gbs * steps}; "
-            + fix,
-        )
-    args.global_batch_size, args.num_steps_per_rollout = gbs, steps
-    if args.over_sampling_batch_size is None:
-        args.over_sampling_batch_size = rbs
-    elif args.over_sampling_batch_size < rbs:
-        raise ConfigError(
-            "--over-sampling-batch-size",
-            f"{args.over_sampling_batch_size} is below --rollout-batch-size {rbs}; use at least {rbs}",
-        )
-
-
-def _check_parallelism(args: argparse.Namespace) -> None:
-    tp, pp, cp = (
-        args.tensor_model_parallel_size,
-        args.pipeline_model_parallel_size,
-        args.context_parallel_size,
-    )
-    sizes = {
-        "--tensor-model-parallel-size": tp,
-        "--pipeline-model-parallel-size": pp,
-        "--context-parallel-size": cp,
-    }
-    model_parallel = tp * pp * cp
-    if args.world_size % model_parallel:
-        flag = next((f for f, size in sizes.items() if size > 1), "--tensor-model-parallel-size")
-        raise ConfigError(
-            flag,
-            f"trainer GPUs {args.world_size} are not divisible by TP × PP × CP = {tp} × {pp} × {cp}; "
-            f"use sizes whose product divides {args.world_size}",
-        )
-    args.data_parallel_size = dp = args.world_size // model_parallel
-    if args.use_dynamic_batch_size != (args.max_tokens_per_gpu is not None):
-        if args.use_dynamic_batch_size:
-            raise ConfigError("--use-dynamic-batch-size", "needs --max-tokens-per-gpu N; add it")
-        raise ConfigError("--max-tokens-per-gpu", "has no effect without --use-dynamic-batch-size; add it")
-    # Dynamic micro-batches are cut from each rank's samples by tokens, not by --micro-batch-size.
-    mbs = 1 if args.use_dynamic_batch_size else args.micro_batch_size
-    gbs = args.global_batch_size
-    if gbs % (mbs * dp):
-        raise ConfigError(
-            "--global-batch-size",
-            f"{gbs} is not divisible by --micro-batch-size × data-parallel size = {mbs} × {dp}; "
-            f"make the global batch (rollout batch × samples / steps) a multiple of {mbs * dp}",
-        )
-    layers, heads, groups = args.num_layers, args.num_attention_heads, args.num_query_groups
-    if layers % pp:
-        raise ConfigError(
-            "--pipeline-model-parallel-size",
-            f"{pp} does not divide --num-layers {layers}; use a divisor of {layers}",
-        )
-    vpp = args.num_layers_per_virtual_pipeline_stage
-    if vpp is not None and (layers // pp) % vpp:
-        raise ConfigError(
-            "--num-layers-per-virtual-pipeline-stage",
-            f"{vpp} does not divide the {layers // pp} layers of each pipeline stage; use a divisor",
-        )
-    if heads % tp:
-        raise ConfigError(
-            "--tensor-model-parallel-size",
-            f"{tp} does not divide --num-attention-heads {heads}; use a divisor",
-        )
-    if groups % tp:
-        raise ConfigError(
-            "--tensor-model-parallel-size", f"{tp} does not divide --num-query-groups {groups}; use a divisor"
-        )
-    if heads % groups:
-        raise ConfigError(
-            "--num-query-groups", f"{groups} does not divide --num-attention-heads {heads}; use a divisor"
-        )
-    if cp > 1:
-        # Megatron expects each context-parallel rank to get its load-balanced chunks of every sequence
-        # (and the log-probs and loss gathered back); slime's micro-batches are not split that way.
-        raise ConfigError(
-            "--context-parallel-size",
-            f"{cp} is not supported yet: slime does not split micro-batches across context-parallel "
-            "ranks, so each would train on whole sequences; use 1 (for long sequences: "
-            "--use-dynamic-batch-size --max-tokens-per-gpu N, --recompute-activations)",
-        )
-    if args.sequence_parallel and tp == 1:
-        raise ConfigError(
-            "--sequence-parallel", "needs --tensor-model-parallel-size > 1; drop it or raise TP"
-        )
-    if args.sequence_parallel and args.transformer_impl != "transformer_engine":
-        raise ConfigError(
-            "--sequence-parallel",
-            "needs Transformer Engine's norms (megatron-core's local torch norms refuse sequence "
-            "parallelism), which the CPU path lacks; add --transformer-impl transformer_engine on GPUs",
-        )
-    ep, etp = args.expert_model_parallel_size, args.expert_tensor_parallel_size
-    if ep > 1 and args.num_experts is None:
-        raise ConfigError("--expert-model-parallel-size", f"{ep} needs an MoE model (--num-experts); use 1")
-    if args.world_size % (etp * ep * pp):
-        raise ConfigError(
-            "--expert-model-parallel-size",
-            f"trainer GPUs {args.world_size} are not divisible by expert TP × EP × PP = {etp} × {ep} × {pp}; "
-            "use sizes whose product divides it",
-        )
-    if args.num_experts is not None and args.num_experts % ep:
-        raise ConfigError(
-            "--expert-model-parallel-size",
-            f"{ep} does not divide --num-experts {args.num_experts}; use a divisor",
-        )
-    if args.num_experts is not None:
-        _check_moe(args)
-    if args.recompute_granularity == "full" and (
-        args.recompute_method is None or args.recompute_num_layers is None
-    ):
-        raise ConfigError(
-            "--recompute-method",
-            "--recompute-granularity full needs it; add --recompute-method uniform --recompute-num-layers 1",
-        )
-    if args.overlap_param_gather and not args.use_distributed_optimizer:
-        raise ConfigError(
-            "--overlap-param-gather", "needs --use-distributed-optimizer; add it or drop this flag"
-        )
-    if args.lr_warmup_fraction is not None and args.lr_warmup_iters:
-        raise ConfigError("--lr-warmup-fraction", "cannot be combined with --lr-warmup-iters; keep one")
-    if args.save_interval is not None and args.save is None:
-        raise ConfigError("--save-interval", "given without --save; add --save DIR")
-
-
-def _check_moe(args: argparse.Namespace) -> None:
-    if args.tensor_model_parallel_size > 1 and not args.sequence_parallel:
-        # megatron-core's MoELayer raises in training mode when attention TP > 1 runs without it.
-        raise ConfigError(
-            "--tensor-model-parallel-size",
-            "> 1 with MoE layers needs --sequence-parallel in megatron-core (Transformer Engine, GPU "
-            "only); add it on GPUs or use --expert-model-parallel-size instead of TP",
-        )
-    freq, layers = args.moe_layer_freq, args.num_layers
-    if isinstance(freq, list) and len(freq) != layers:
-        raise ConfigError(
-            "--moe-layer-freq",
-            f"lists {len(freq)} layers but --num-layers is {layers}; give one 0/1 per layer",
-        )
-    pattern = freq if isinstance(freq, list) else [int(i % freq == 0) for i in range(layers)]
-    if not all(pattern):
-        # HF<->Megatron conversion and the layer spec assume every layer is an MoE layer (Qwen3-MoE,
-        # Qwen2-MoE); dense layers between them have not been built yet.
-        raise ConfigError(
-            "--moe-layer-freq",
-            "dense layers in an MoE model are not implemented yet; use 1 (every layer MoE)",
-        )
-    if args.expert_model_parallel_size > 1 and args.moe_token_dispatcher_type == "allgather":
-        # Megatron's allgather dispatcher gathers equal-sized token buffers over the expert-parallel
-        # ranks, which span data-parallel ranks; their micro-batches differ in length here.
-        raise ConfigError(
-            "--moe-token-dispatcher-type",
-            "allgather needs the same token count on every expert-parallel rank, but micro-batches "
-            "differ in length across data-parallel ranks; use alltoall with --expert-model-parallel-size > 1",
-        )
-    if args.moe_shared_expert_gate and not args.moe_shared_expert_intermediate_size:
-        raise ConfigError(
-            "--moe-shared-expert-gate", "needs --moe-shared-expert-intermediate-size N (the shared expert)"
-        )
-    if args.moe_pad_expert_input_to_capacity and args.moe_expert_capacity_factor is None:
-        raise ConfigError(
-            "--moe-pad-expert-input-to-capacity",
-            "needs --moe-expert-capacity-factor; add it or drop this flag",
-        )
-
-
-# Flags the parser knows (so scripts written for slime parse) whose implementation has not landed:
-# refusing them beats silently training without them. Each entry: (flag, is it set?, what to do).
-_NOT_YET_IMPLEMENTED = (
-    ("--ref-load", lambda a: a.ref_load is not None, "drop it (the reference is --hf-checkpoint)"),
-)
-
-
-def check_overlappable(args: argparse.Namespace) -> None:
-    """train_async.py generates while it trains, so engines and trainer need GPUs of their own."""
-    if args.colocate:
-        raise ConfigError(
-            "--colocate",
-            "train_async.py overlaps generation with training and runs disaggregated only; "
-            "drop --colocate and pass --rollout-num-gpus N, or run train.py",
-        )
-
-
-def check_implemented(args: argparse.Namespace) -> None:
-    """Raises ConfigError for a flag whose feature has not landed yet (entry points call it)."""
-    for flag, is_set, fix in _NOT_YET_IMPLEMENTED:
-        if is_set(args):
-            raise ConfigError(flag, f"is not implemented in this version yet; {fix}")
+def uses_engines(args: argparse.Namespace) -> bool:
+    """SFT and train-only debugging need no rollout engines."""
+    return not args.debug_train_only and args.loss_type != "sft_loss"
 
 
 def _check_algorithm(args: argparse.Namespace) -> None:

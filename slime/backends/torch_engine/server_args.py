@@ -1,7 +1,11 @@
-"""Command line of the torch engine: SGLang's own server flag names, so `--sglang-*` options pass through.
+"""Command line of the torch engine: SGLang's own server flags, so `--sglang-*` options pass through.
 
-Three kinds of SGLang flags:
-- honoured: the ones this engine implements (`SUPPORTED`);
+Names, types and defaults are not written here: they come from slime's one table of SGLang
+`ServerArgs` fields (`slime.config.sglang_args.FallbackServerArgs`, checked against SGLang 0.5.23 by
+tests/test_sglang_wheels.py), always that table and never an installed SGLang's, since what this
+engine implements does not change with the SGLang on the node. What this module decides is what the
+engine does with each flag:
+- honoured: the ones this engine implements (`HONOURED`, with the engine's own help or narrower choices);
 - accepted without effect, each for a stated reason (`NO_EFFECT`), because slime's launcher always
   passes them to SGLang (ports for SGLang's internal NCCL, warm-up, memory-saver switches ...);
 - everything else: refused at start with one line naming the option, exit status 2, so a setting that
@@ -18,6 +22,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from slime.backends.torch_engine.protocol import SUPPORTED_RELEASES
+from slime.config.sglang_args import FallbackServerArgs, derive_server_flags
 
 PROG = "python -m slime.backends.torch_engine"
 
@@ -31,7 +36,7 @@ NO_EFFECT = {
     "gpu_id_step": "single device",
     "disable_radix_cache": "there is no prefix cache",
     "chunked_prefill_size": "prefill batches are bounded by the engine's own token budget",
-    "cuda_graph_max_bs": "no CUDA graphs",
+    "cuda_graph_max_bs": "no CUDA graphs",  # this and the next: names before SGLang 0.5.23, not in the table
     "cuda_graph_bs": "no CUDA graphs",
     "cuda_graph_max_bs_decode": "no CUDA graphs",
     "cuda_graph_bs_decode": "no CUDA graphs",
@@ -44,33 +49,34 @@ NO_EFFECT = {
 }
 # Parallel sizes that only have one valid value in this engine.
 MUST_BE_ONE = ("tp_size", "dp_size", "pp_size", "ep_size", "nnodes")
+# SGLang flag (snake_case) this engine implements -> argparse settings beyond the table's type and default.
+HONOURED: dict[str, dict[str, Any]] = {
+    "model_path": {"required": True, "help": "local HF checkpoint directory"},
+    "tokenizer_path": {},
+    "host": {},
+    "port": {},
+    **{name: {} for name in MUST_BE_ONE},
+    "node_rank": {},
+    "base_gpu_id": {"help": "CUDA device index with --device cuda"},
+    "context_length": {"help": "default: max_position_embeddings"},
+    "max_running_requests": {"help": "default 64"},
+    "max_total_tokens": {"help": "token budget of running requests"},
+    "random_seed": {},
+    "log_level": {"choices": ["debug", "info", "warning", "error", "critical"]},
+    "device": {"choices": ["cpu", "cuda"], "help": "default: cuda if available"},
+    "dtype": {},
+    "trust_remote_code": {},
+    "served_model_name": {},
+    "weight_version": {},
+}
 
 
 @dataclass
-class ServerArgs:
-    """The engine's settings; field names are SGLang's ServerArgs names (reported by /get_server_info)."""
+class ServerArgs(FallbackServerArgs):
+    """The engine's settings: SGLang's ServerArgs fields of the table (reported by /get_server_info, as
+    SGLang reports its own) and the release whose protocol the engine mirrors. A flag without effect
+    leaves its field at the default, which is what the engine does; what was given is in ``ignored``."""
 
-    model_path: str
-    tokenizer_path: str | None = None
-    host: str = "127.0.0.1"
-    port: int = 30000
-    tp_size: int = 1
-    dp_size: int = 1
-    pp_size: int = 1
-    ep_size: int = 1
-    nnodes: int = 1
-    node_rank: int = 0
-    base_gpu_id: int = 0
-    context_length: int | None = None
-    max_running_requests: int | None = None
-    max_total_tokens: int | None = None
-    random_seed: int | None = None
-    log_level: str = "info"
-    device: str | None = None
-    dtype: str = "auto"
-    trust_remote_code: bool = False
-    served_model_name: str | None = None
-    weight_version: str = "default"
     sglang_release: str = SUPPORTED_RELEASES[-1]
     ignored: dict[str, Any] = field(default_factory=dict)
 
@@ -81,28 +87,15 @@ def _parser() -> argparse.ArgumentParser:
         description="SGLang-protocol generation server in plain PyTorch + transformers.",
         allow_abbrev=False,
     )
-    parser.add_argument("--model-path", required=True, help="local HF checkpoint directory")
-    parser.add_argument("--tokenizer-path", default=None)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=30000)
-    for name in MUST_BE_ONE:
-        parser.add_argument("--" + name.replace("_", "-"), type=int, default=1)
-    parser.add_argument("--node-rank", type=int, default=0)
-    parser.add_argument("--base-gpu-id", type=int, default=0, help="CUDA device index with --device cuda")
-    parser.add_argument("--context-length", type=int, default=None, help="default: max_position_embeddings")
-    parser.add_argument("--max-running-requests", type=int, default=None, help="default 64")
-    parser.add_argument("--max-total-tokens", type=int, default=None, help="token budget of running requests")
-    parser.add_argument("--random-seed", type=int, default=None)
-    parser.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"]
-    )
-    parser.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda if available")
-    parser.add_argument(
-        "--dtype", default="auto", choices=["auto", "float32", "float", "bfloat16", "float16", "half"]
-    )
-    parser.add_argument("--trust-remote-code", action="store_true")
-    parser.add_argument("--served-model-name", default=None)
-    parser.add_argument("--weight-version", default="default")
+    flags, defaults = derive_server_flags(FallbackServerArgs), FallbackServerArgs()
+    for name, settings in HONOURED.items():
+        option, spec, default = "--" + name.replace("_", "-"), flags[name], getattr(defaults, name)
+        if spec.kind == "switch":
+            parser.add_argument(option, action="store_true", default=default, **settings)
+        else:
+            parser.add_argument(
+                option, default=default, **{"type": spec.parse, "choices": spec.choices, **settings}
+            )
     parser.add_argument(
         "--sglang-release",
         choices=SUPPORTED_RELEASES,

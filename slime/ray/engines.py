@@ -27,7 +27,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from slime.backends import resolve_backend
 from slime.backends.engine_server import EngineServer, start_engine_server
 from slime.ray.cluster import BundleLocation, actor_gpus, by_node_and_gpu, locate_bundles
-from slime.utils.http import ServerStartError, free_port, post_json_sync
+from slime.utils.http import HttpError, ServerStartError, free_port, get_json, post_json_sync
+from slime.weight_sync.settings import WeightSyncSettings
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,25 @@ DEFAULT_START_TIMEOUT_S = 300.0
 
 class EngineStartError(RuntimeError):
     """An engine that did not come up; the message carries the tail of its log."""
+
+
+def external_engine_url(addr: str, weight_sync: WeightSyncSettings) -> str:
+    """The URL of an engine slime did not start (``--rollout-external-engine-addrs``), once
+    ``/get_server_info`` shows it can take this run's weights."""
+    url = addr if addr.startswith("http") else f"http://{addr}"
+    try:
+        info = get_json(f"{url}/get_server_info", timeout=30)
+    except (OSError, HttpError) as exc:
+        raise RuntimeError(f"--rollout-external-engine-addrs {addr}: no engine answers ({exc})") from None
+    tp_size = int(info.get("tp_size", 1))
+    per_engine = weight_sync.ranks_per_engine
+    if weight_sync.transport == "distributed" and tp_size != per_engine:
+        raise RuntimeError(
+            f"--rollout-external-engine-addrs {addr}: tp_size {tp_size} differs from "
+            f"--rollout-num-gpus-per-engine {per_engine}; use --update-weight-transport disk"
+        )
+    logger.info("external engine %s (%s) registered", url, info.get("model_path"))
+    return url
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,8 @@ from slime.ray.cluster import (
     trainer_gpus,
 )
 from slime.ray.critic import critic_args, critic_gpus
+from slime.ray.engines import external_engine_url
 from slime.ray.trainer_group import TrainerGroup
-from slime.utils.http import HttpError, get_json
 from slime.weight_sync.engine_client import ERROR_PATH_TIMEOUT_S, post_all, weight_update_session
 from slime.weight_sync.settings import WeightSyncSettings
 
@@ -111,24 +111,10 @@ class TrainingSession:
             self.trainer.connect_engines(urls, self.weight_sync)
 
     def _register_external(self, addr: str) -> str:
-        """An engine slime did not start: checked through ``/get_server_info``, added to the router.
-
-        It is updated with the others but never stopped; the router forgets it when the run ends.
-        """
-        url = addr if addr.startswith("http") else f"http://{addr}"
-        try:
-            info = get_json(f"{url}/get_server_info", timeout=30)
-        except (OSError, HttpError) as exc:
-            raise RuntimeError(f"--rollout-external-engine-addrs {addr}: no engine answers ({exc})") from None
-        tp_size = int(info.get("tp_size", 1))
-        per_engine = self.weight_sync.ranks_per_engine
-        if self.weight_sync.transport == "distributed" and tp_size != per_engine:
-            raise RuntimeError(
-                f"--rollout-external-engine-addrs {addr}: tp_size {tp_size} differs from "
-                f"--rollout-num-gpus-per-engine {per_engine}; use --update-weight-transport disk"
-            )
+        """An engine slime did not start, added to the router once checked. It is updated with the
+        others but never stopped; the router forgets it when the run ends."""
+        url = external_engine_url(addr, self.weight_sync)
         ray.get(self.rollout.register_engine.remote(url))
-        logger.info("external engine %s (%s) registered", url, info.get("model_path"))
         return url
 
     def hand_gpus_to_trainer(self) -> None:

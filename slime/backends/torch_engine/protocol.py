@@ -22,7 +22,7 @@ Facts taken from SGLang 0.5.23 (`sglang/srt/entrypoints/http_server.py`, `manage
   `{"type": "length", "length": max_new_tokens}`,
   `{"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}` (a running request),
   `{"type": "abort", "message": "Abort in waiting queue"}` (one taken from the waiting queue, whose
-  meta_info is shorter: see `Scheduler._reply`); None while running.
+  meta_info is shorter: see `replies.generate_reply`); None while running.
   Precedence per token: stop string, then stop token / EOS, then length. `ignore_eos` disables stop
   tokens as well as EOS. `output_ids` keep the matched stop token; `text` drops it (a matched string is
   cut at its first occurrence) unless `no_stop_trim`.

@@ -27,6 +27,7 @@ import torch
 from slime.backends.torch_engine import protocol
 from slime.backends.torch_engine.model_runner import ModelRunner
 from slime.backends.torch_engine.protocol import SamplingParams
+from slime.backends.torch_engine.replies import generate_reply
 from slime.backends.torch_engine.sampling import RowSampling, ban_tokens, sample
 
 logger = logging.getLogger(__name__)
@@ -216,7 +217,7 @@ class Scheduler:
         """Abort waiting requests now and running ones (they keep what they produced); returns the count.
 
         A waiting request is answered as SGLang answers one popped from its waiting queue
-        (``queued_message``, default ``message``; see ``_reply``)."""
+        (``queued_message``, default ``message``; see ``replies.generate_reply``)."""
         count = 0
         for request in [r for r in self.waiting if match(r)]:
             self.waiting.remove(request)
@@ -391,53 +392,7 @@ class Scheduler:
         if reason["type"] == "abort":
             self.stats.aborted_requests += 1
         if request.on_finish is not None:
-            request.on_finish(self._reply(request))
-
-    def _reply(self, request: Request) -> dict[str, Any]:
-        """The /generate reply, in SGLang's shape (see protocol.py).
-
-        A request aborted in the waiting queue gets the tokenizer manager's own reply (SGLang
-        0.5.19-0.5.23, ``TokenizerManager._handle_abort_req``): meta_info holds only ``id``,
-        ``finish_reason``, ``weight_version``, ``e2e_latency``, the log-probs it had (with
-        ``return_logprob``) and ``completion_tokens``; no ``prompt_tokens`` or ``cached_tokens``.
-        """
-        params = request.params
-        reason = request.finish_reason
-        ids = request.output_ids
-        matched = reason.get("matched") if reason else None
-        text_ids = ids[:-1] if isinstance(matched, int) and not params.no_stop_trim and ids else ids
-        tokenizer = self.runner.tokenizer
-        text = tokenizer.decode(text_ids, skip_special_tokens=params.skip_special_tokens)
-        if isinstance(matched, str):
-            pos = text.find(matched)
-            if pos != -1:
-                text = text[: pos + len(matched)] if params.no_stop_trim else text[:pos]
-        meta: dict[str, Any] = {"id": request.rid, "finish_reason": reason}
-        if request.aborted_in_queue:
-            meta.update(weight_version=self.weight_version, e2e_latency=time.perf_counter() - request.arrival)
-        else:
-            meta.update(
-                prompt_tokens=len(request.input_ids),
-                weight_version=self.weight_version,
-                num_retractions=request.num_retractions,
-            )
-        if request.return_logprob:
-            with_text = request.return_text_in_logprobs
-
-            def triples(values: list[float | None], tokens: list[int]) -> list[list[Any]]:
-                texts = [tokenizer.decode([t]) for t in tokens] if with_text else [None] * len(tokens)
-                return [[v, t, s] for v, t, s in zip(values, tokens, texts, strict=True)]
-
-            start = request.logprob_start_len
-            input_tokens = request.input_ids[start:] if request.input_logprobs else []
-            meta["input_token_logprobs"] = triples(request.input_logprobs, input_tokens)
-            meta["output_token_logprobs"] = triples(request.output_logprobs, ids)
-            meta["output_token_logprobs_length"] = len(ids)
-        meta["completion_tokens"] = len(ids)
-        if not request.aborted_in_queue:
-            meta["cached_tokens"] = 0
-            meta["e2e_latency"] = time.perf_counter() - request.arrival
-        return {"text": text, "output_ids": list(ids), "meta_info": meta}
+            request.on_finish(generate_reply(request, self.runner.tokenizer, self.weight_version))
 
     def internal_state(self) -> dict[str, Any]:
         """Live numbers for /get_server_info's internal_states (safe to read from any thread)."""

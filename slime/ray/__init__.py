@@ -1,0 +1,1 @@
+"""The run on a Ray cluster: placement, the trainer group, the rollout manager, engines and the session."""

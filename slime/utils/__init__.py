@@ -1,0 +1,1 @@
+"""What every layer shares: the CPU/GPU seam, memory, HTTP, plugins, metrics, checkpoint layout."""

@@ -8,7 +8,7 @@ import json
 import os
 import shlex
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -66,20 +66,7 @@ TINY_RUN: dict[str, object] = {
     "num_rollout": 2,
 }
 """What the tiny RL runs share besides model, checkpoint and data: 4 prompts × 2 samples per rollout,
-4-token responses scored by exact match, one micro-batch, a constant LR, 2 rollouts."""
-
-
-def as_flags(values: Mapping[str, object]) -> list[str]:
-    """``{"use_kl_loss": True, "kl_loss_coef": "0.01", "lr": None}`` as ``--use-kl-loss --kl-loss-coef 0.01``:
-    True is a bare switch, None leaves the flag out."""
-    argv = []
-    for dest, value in values.items():
-        flag = "--" + dest.replace("_", "-")
-        if value is True:
-            argv.append(flag)
-        elif value is not None:
-            argv += [flag, str(value)]
-    return argv
+4-token responses scored by exact match, micro-batches of 4, a constant LR, 2 rollouts."""
 
 
 @pytest.fixture(scope="session")
@@ -88,10 +75,11 @@ def tiny_run_flags(tiny_models, reverse_task) -> Callable[..., list[str]]:
     model flags of ``scripts/models/<model_script>``, the tiny qwen2 on ``reverse_task`` and
     ``TINY_RUN``. ``overrides`` replace or add flags by their dest (``num_rollout=3``; True a switch,
     None drops one); ``extra`` flags come last, as given."""
+    from slime.config.sglang_args import server_flags  # dests to flags, as for the SGLang server
 
     def flags(*extra: str, model_script: str = "tiny-qwen2.sh", **overrides: object) -> list[str]:
         values = {"hf_checkpoint": tiny_models["qwen2"], "prompt_data": reverse_task, **TINY_RUN, **overrides}
-        return [*model_args(model_script), *as_flags(values), *extra]
+        return [*model_args(model_script), *server_flags(values), *extra]
 
     return flags
 

@@ -1,4 +1,5 @@
-"""Session-wide fixtures: one tiny model per architecture and one Ray cluster for every e2e test."""
+"""Session-wide fixtures: one tiny model per architecture, the flags of a tiny run, and one Ray cluster
+for every e2e test."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import os
 import shlex
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -50,6 +52,36 @@ def reverse_task(tmp_path_factory) -> Path:
     words = ["abc", "xyz", "cat", "dog", "sun", "sky", "red", "fox"]
     path.write_text("".join(json.dumps({"input": w, "label": w[::-1]}) + "\n" for w in words))
     return path
+
+
+TINY_RUN: dict[str, object] = {
+    "label_key": "label",
+    "rm_type": "exact",
+    "rollout_batch_size": 4,
+    "n_samples_per_prompt": 2,
+    "rollout_max_response_len": 4,
+    "micro_batch_size": 4,
+    "lr": "1e-3",
+    "lr_decay_style": "constant",
+    "num_rollout": 2,
+}
+"""What the tiny RL runs share besides model, checkpoint and data: 4 prompts × 2 samples per rollout,
+4-token responses scored by exact match, micro-batches of 4, a constant LR, 2 rollouts."""
+
+
+@pytest.fixture(scope="session")
+def tiny_run_flags(tiny_models, reverse_task) -> Callable[..., list[str]]:
+    """``flags(*extra, model_script="tiny-qwen2.sh", **overrides)``: the argv of a tiny RL run, the
+    model flags of ``scripts/models/<model_script>``, the tiny qwen2 on ``reverse_task`` and
+    ``TINY_RUN``. ``overrides`` replace or add flags by their dest (``num_rollout=3``; True a switch,
+    None drops one); ``extra`` flags come last, as given."""
+    from slime.config.sglang_args import server_flags  # dests to flags, as for the SGLang server
+
+    def flags(*extra: str, model_script: str = "tiny-qwen2.sh", **overrides: object) -> list[str]:
+        values = {"hf_checkpoint": tiny_models["qwen2"], "prompt_data": reverse_task, **TINY_RUN, **overrides}
+        return [*model_args(model_script), *server_flags(values), *extra]
+
+    return flags
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import pickle
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import ray
@@ -21,27 +20,6 @@ from conftest import model_args
 from slime.cli import check_implemented
 from slime.config import parse_args
 from slime.utils.http import get_json, post_json_sync
-
-
-def run_flags(model: Path, data: Path, *extra: str) -> list[str]:
-    return [
-        *model_args(),
-        "--hf-checkpoint", str(model),
-        "--prompt-data", str(data),
-        "--label-key", "label",
-        "--rm-type", "exact",
-        "--rollout-batch-size", "4",
-        "--n-samples-per-prompt", "2",
-        "--rollout-max-response-len", "4",
-        "--actor-num-gpus-per-node", "2",
-        "--micro-batch-size", "4",
-        "--lr", "1e-3",
-        "--lr-decay-style", "constant",
-        "--num-rollout", "2",
-        "--entropy-coef", "0.05",  # a gradient whatever the rewards: every sync carries new weights
-        "--update-weight-buffer-size", str(64 * 1024),  # several buckets: the version flips with the last
-        *extra,
-    ]  # fmt: skip
 
 
 def assert_engines_equal_trainer(session, urls: list[str], version: str) -> dict[str, torch.Tensor]:
@@ -67,11 +45,16 @@ def engine_events(url: str) -> list[dict]:
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("release", ["0.5.19", "0.5.23"])  # tensor updates without and within sessions
-def test_colocated_rollouts_hand_weights_over_in_place(ray_cluster, tiny_models, reverse_task, release):
+def test_colocated_rollouts_hand_weights_over_in_place(ray_cluster, tiny_run_flags, release):
     from slime.ray.session import TrainingSession
 
-    flags = run_flags(
-        tiny_models["qwen2"], reverse_task, "--colocate", "--torch-engine-sglang-release", release
+    flags = tiny_run_flags(
+        "--colocate",
+        "--torch-engine-sglang-release",
+        release,
+        actor_num_gpus_per_node=2,
+        entropy_coef="0.05",  # a gradient whatever the rewards: every sync carries new weights
+        update_weight_buffer_size=64 * 1024,  # several buckets: the version flips with the last
     )
     args = parse_args(flags)
     check_implemented(args)

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from slime.config import build_parser
-from slime.rollout.data_source import DataError, PromptDataSource, load_prompts, load_sft_pairs, read_records
+from slime.rollout.data_source import PromptDataSource
+from slime.rollout.prompt_files import DataError, PromptFormat, load_prompts, load_sft_pairs, read_records
 from slime.rollout.sample import Sample
 
 
@@ -23,7 +24,7 @@ def numbered(n: int) -> list[dict]:
 
 
 def source(tmp_path: Path, n: int = 5, **kwargs) -> PromptDataSource:
-    prompts = load_prompts(write_jsonl(tmp_path / "d.jsonl", numbered(n)), label_key="label")
+    prompts = load_prompts(write_jsonl(tmp_path / "d.jsonl", numbered(n)), PromptFormat(label_key="label"))
     return PromptDataSource(prompts, **kwargs)
 
 
@@ -40,7 +41,7 @@ def test_jsonl_fields_become_samples_and_blank_lines_are_skipped(tmp_path):
             {"input": [{"role": "user", "content": "hi"}], "label": "x"},
         ],
     )
-    first, second = load_prompts(path, label_key="label", tool_key="tools")
+    first, second = load_prompts(path, PromptFormat(label_key="label", tool_key="tools"))
     assert first.prompt == "2+2?" and first.label == "4"
     assert first.metadata == {"src": "gsm", "tools": [{"name": "calc"}]}
     assert first.status is Sample.Status.PENDING and first.tokens == [] and first.index is None
@@ -54,7 +55,7 @@ def test_parquet_reads_like_jsonl_with_slices(tmp_path):
     rows = numbered(6)
     path = tmp_path / "d.parquet"
     pq.write_table(pa.Table.from_pylist([{**r, "metadata": json.dumps(r["metadata"])} for r in rows]), path)
-    samples = load_prompts(f"{path}@[1:4]", label_key="label")
+    samples = load_prompts(f"{path}@[1:4]", PromptFormat(label_key="label"))
     assert [s.prompt for s in samples] == ["q1", "q2", "q3"]
     assert samples[0].metadata == {"i": 1}
     assert [r.where for r in read_records(f"{path}@[-2:]")] == [f"{path}:row 4", f"{path}:row 5"]
@@ -192,7 +193,7 @@ def test_missing_key_names_the_key_the_place_and_the_keys_present(tmp_path):
         tmp_path / "d.jsonl", [{"question": "a"}, {"question": "b"}, {"prompt": "c", "answer": 1}]
     )
     with pytest.raises(DataError) as error:
-        load_prompts(path, input_key="question")
+        load_prompts(path, PromptFormat(input_key="question"))
     assert (
         error.value.line()
         == f"error: --input-key 'question' not found in {path}:3; keys present: prompt, answer"
@@ -200,7 +201,7 @@ def test_missing_key_names_the_key_the_place_and_the_keys_present(tmp_path):
     with pytest.raises(
         DataError, match=rf"--label-key 'label' not found in {re.escape(path)}:1; keys present: question"
     ):
-        load_prompts(path, input_key="question", label_key="label")
+        load_prompts(path, PromptFormat(input_key="question", label_key="label"))
 
 
 def test_bad_field_types_are_errors(tmp_path):

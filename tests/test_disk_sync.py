@@ -37,30 +37,17 @@ def external_engine(tiny_models, tmp_path):
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_disk_transport_updates_own_and_external_engines(
-    ray_cluster, tiny_models, reverse_task, tmp_path, external_engine
+    ray_cluster, tiny_run_flags, tmp_path, external_engine
 ):
     from slime.ray.session import TrainingSession
 
-    data = reverse_task
     snapshots = tmp_path / "snapshots"
-    flags = [
-        *model_args(),
-        "--hf-checkpoint", str(tiny_models["qwen2"]),
-        "--prompt-data", str(data),
-        "--label-key", "label",
-        "--rm-type", "exact",
-        "--rollout-batch-size", "4",
-        "--n-samples-per-prompt", "2",
-        "--rollout-max-response-len", "4",
-        "--rollout-num-gpus", "1",
-        "--micro-batch-size", "4",
-        "--lr", "1e-3",
-        "--lr-decay-style", "constant",
-        "--num-rollout", "2",
-        "--update-weight-transport", "disk",
-        "--update-weight-disk-dir", str(snapshots),
-        "--rollout-external-engine-addrs", external_engine.removeprefix("http://"),
-    ]  # fmt: skip
+    flags = tiny_run_flags(
+        rollout_num_gpus=1,
+        update_weight_transport="disk",
+        update_weight_disk_dir=snapshots,
+        rollout_external_engine_addrs=external_engine.removeprefix("http://"),
+    )
     args = parse_args(flags)
     check_implemented(args)
     with TrainingSession(args) as session:

@@ -266,7 +266,7 @@ def test_qwen2_moe_with_a_gated_shared_expert_matches_transformers_at_tp2(ray_cl
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_expert_parallel_2_pushes_every_tensor_once_to_every_engine(ray_cluster, moe_model, reverse_task):
+def test_expert_parallel_2_pushes_every_tensor_once_to_every_engine(ray_cluster, moe_model, tiny_run_flags):
     """EP = 2 over DP = 2 (each rank holds two of the four experts): both ranks gather the experts but
     only data-parallel rank 0 opens the weight-update group and broadcasts. Before, both ranks did,
     under one group name, and the push could not complete."""
@@ -276,14 +276,12 @@ def test_expert_parallel_2_pushes_every_tensor_once_to_every_engine(ray_cluster,
     from slime.ray.session import TrainingSession
     from slime.utils.http import get_json
 
-    flags = [
-        *model_args("tiny-qwen3-moe.sh"), "--hf-checkpoint", str(moe_model),
-        "--prompt-data", str(reverse_task), "--label-key", "label", "--rm-type", "exact",
-        "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "4",
-        "--rollout-num-gpus", "2", "--actor-num-gpus-per-node", "2", "--micro-batch-size", "2",
+    flags = tiny_run_flags(
         "--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall",
-        "--lr", "1e-3", "--num-rollout", "1", "--update-weight-buffer-size", str(64 * 1024),
-    ]  # fmt: skip
+        model_script="tiny-qwen3-moe.sh", hf_checkpoint=moe_model, rollout_batch_size=2,
+        rollout_num_gpus=2, actor_num_gpus_per_node=2, micro_batch_size=2, lr_decay_style=None,
+        num_rollout=1, update_weight_buffer_size=64 * 1024,
+    )  # fmt: skip
     with TrainingSession(parse_args(flags)) as session:
         data = ray.get(session.rollout.generate.remote(0))
         data.pop("metrics")

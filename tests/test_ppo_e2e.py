@@ -11,22 +11,20 @@ import os
 from pathlib import Path
 
 import pytest
-from test_train_loop import loop_flags, read_events, run_train
+from test_train_loop import ONE_PER_SIDE, read_events, run_train
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 TESTS = Path(__file__).resolve().parent
-SMALL = ("--rollout-num-gpus", "1", "--actor-num-gpus-per-node", "1")
 
 
-def test_ppo_warms_up_the_critic_saves_it_and_resumes_it(tiny_models, reverse_task, tmp_path, monkeypatch):
+def test_ppo_warms_up_the_critic_saves_it_and_resumes_it(tiny_run_flags, tmp_path, monkeypatch):
     """Rollout 0 trains only the critic and is saved with the actor; a resumed run loads both and trains
     both on rollout 1."""
     ckpt, tb, resumed_tb = tmp_path / "ckpt", tmp_path / "tb", tmp_path / "tb_resumed"
     # rewards that vary (the response length) give the critic non-zero returns to fit
     monkeypatch.setenv("PYTHONPATH", f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     extra = [
-        *SMALL,
         "--custom-rm-path", "length_reward.response_length_reward",
         "--advantage-estimator", "ppo",
         "--num-critic-only-steps", "1",
@@ -36,9 +34,7 @@ def test_ppo_warms_up_the_critic_saves_it_and_resumes_it(tiny_models, reverse_ta
         "--kl-coef", "0.01",
     ]  # fmt: skip
     saving = ["--save", str(ckpt), "--save-interval", "1", "--tb-dir", str(tb)]
-    flags = loop_flags(tiny_models["qwen2"], reverse_task, *extra, *saving)
-    flags[flags.index("--num-rollout") + 1] = "1"
-    run_train(flags)
+    run_train(tiny_run_flags(*extra, *saving, **ONE_PER_SIDE, num_rollout=1))
     scalars = read_events(tb)
     # the zero-initialised head values everything 0; the returns are not, so the loss is positive
     assert scalars["train/critic/values_mean"] == [(0, 0.0)]
@@ -50,7 +46,7 @@ def test_ppo_warms_up_the_critic_saves_it_and_resumes_it(tiny_models, reverse_ta
     assert (ckpt / "critic" / "latest_checkpointed_iteration.txt").read_text() == "0"
 
     resume = ["--load", str(ckpt), "--tb-dir", str(resumed_tb)]
-    result = run_train(loop_flags(tiny_models["qwen2"], reverse_task, *extra, *resume))
+    result = run_train(tiny_run_flags(*extra, *resume, **ONE_PER_SIDE))
     assert "at rollout 1" in result.stderr
     scalars = read_events(resumed_tb)
     # a fresh critic would value everything exactly 0: this one was loaded
@@ -60,17 +56,16 @@ def test_ppo_warms_up_the_critic_saves_it_and_resumes_it(tiny_models, reverse_ta
     assert [step for step, _ in scalars["train/pg_loss"]] == [1] and scalars["train/skipped"] == [(1, 0.0)]
 
 
-def test_gspo_with_masked_is_and_kl_shaping(tiny_models, reverse_task, tmp_path):
+def test_gspo_with_masked_is_and_kl_shaping(tiny_run_flags, tmp_path):
     tb = tmp_path / "tb"
     extra = [
-        *SMALL,
         "--advantage-estimator", "gspo",
         "--eps-clip", "3e-4", "--eps-clip-high", "4e-4",
         "--use-mis", "--mis-level", "geometric",
         "--kl-coef", "0.01", "--ref-update-interval", "1",
         "--tb-dir", str(tb),
     ]  # fmt: skip
-    run_train(loop_flags(tiny_models["qwen2"], reverse_task, *extra))
+    run_train(tiny_run_flags(*extra, **ONE_PER_SIDE))
     scalars = read_events(tb)
     assert [step for step, _ in scalars["train/loss"]] == [0, 1]
     assert all(math.isfinite(v) for _, v in scalars["train/loss"])

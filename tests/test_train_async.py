@@ -17,7 +17,7 @@ import uuid
 import pytest
 import torch
 from conftest import REPO
-from test_train_loop import loop_flags, processes_tagged, read_events
+from test_train_loop import LOOP, ONE_PER_SIDE, processes_tagged, read_events
 
 from slime.ray.rollouts_ahead import RolloutsAhead
 
@@ -37,26 +37,16 @@ def run_script(script: str, flags: list[str]) -> subprocess.CompletedProcess:
     return result
 
 
-def one_per_side(flags: list[str]) -> list[str]:
-    """One engine and one trainer rank instead of two of each."""
-    flags = list(flags)
-    flags[flags.index("--rollout-num-gpus") + 1] = "1"
-    flags[flags.index("--actor-num-gpus-per-node") + 1] = "1"
-    return flags
-
-
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_train_async_overlaps_generation_and_records_weight_versions(tiny_models, reverse_task, tmp_path):
+def test_train_async_overlaps_generation_and_records_weight_versions(tiny_run_flags, tmp_path):
     ckpt, tb = tmp_path / "ckpt", tmp_path / "tb"
     dump = tmp_path / "rollout_{rollout_id}.pt"
-    flags = loop_flags(
-        tiny_models["qwen2"], reverse_task,
+    flags = tiny_run_flags(
         "--save", str(ckpt), "--save-interval", "3", "--tb-dir", str(tb),
-        "--save-debug-rollout-data", str(dump),
+        "--save-debug-rollout-data", str(dump), **ONE_PER_SIDE, num_rollout=3,
     )  # fmt: skip
-    flags[flags.index("--num-rollout") + 1] = "3"
-    run_script("train_async.py", one_per_side(flags))
+    run_script("train_async.py", flags)
 
     # Rollout 1 is generated while rollout 0 trains, so with the weights the run started with
     # (version 1); rollout 2 only after the push that followed rollout 0's update (version 2).
@@ -78,12 +68,12 @@ def test_train_async_overlaps_generation_and_records_weight_versions(tiny_models
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_debug_rollout_only_generates_and_logs_without_a_trainer(tiny_models, reverse_task, tmp_path):
+def test_debug_rollout_only_generates_and_logs_without_a_trainer(tiny_run_flags, tmp_path):
     tb = tmp_path / "tb"
-    flags = loop_flags(tiny_models["qwen2"], reverse_task, "--debug-rollout-only", "--tb-dir", str(tb))
-    flags = one_per_side(flags)
-    flags[flags.index("--num-rollout") + 1] = "1"
-    del flags[flags.index("--lr") : flags.index("--lr") + 2]  # a trainer could not be built without it
+    # No --lr: a trainer could not be built without it.
+    flags = tiny_run_flags(
+        "--debug-rollout-only", "--tb-dir", str(tb), **(ONE_PER_SIDE | {"lr": None}), num_rollout=1
+    )
     result = run_script("train.py", flags)
     scalars = read_events(tb)
     assert [step for step, _ in scalars["rollout/raw_reward"]] == [0]
@@ -93,8 +83,8 @@ def test_debug_rollout_only_generates_and_logs_without_a_trainer(tiny_models, re
 
 
 @pytest.mark.e2e
-def test_train_async_refuses_colocate_in_one_line(tiny_models, reverse_task):
-    flags = loop_flags(tiny_models["qwen2"], reverse_task, "--colocate")
+def test_train_async_refuses_colocate_in_one_line(tiny_run_flags):
+    flags = tiny_run_flags("--colocate", **LOOP)
     result = subprocess.run(
         [sys.executable, "train_async.py", *flags], cwd=REPO, capture_output=True, text=True, timeout=120
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import REPO, model_args
@@ -37,13 +38,16 @@ def test_a_bad_flag_is_one_line_and_exit_2():
     assert result.stderr.strip().splitlines() == ["error: unrecognized arguments: --no-such-flag; see --help"]
 
 
+def one_rollout_flags(model: Path, data: Path) -> list[str]:
+    """A valid one-rollout ``train.py`` run of ``model`` on ``data`` (the data is read first)."""
+    argv = [*model_args(), "--hf-checkpoint", str(model), "--prompt-data", str(data), "--lr", "1e-5"]
+    return [*argv, "--rollout-batch-size", "1", "--rollout-num-gpus", "1", "--num-rollout", "1"]
+
+
 def test_a_malformed_data_line_is_one_line_and_nothing_starts(tiny_models, tmp_path):
     data = tmp_path / "train.jsonl"
     data.write_text(json.dumps({"input": "abc", "label": "cba"}) + "\n" + '{"input": broken\n')
-    flags = ["--hf-checkpoint", str(tiny_models["qwen2"]), "--prompt-data", str(data), "--lr", "1e-5"]
-    result = run(
-        *model_args(), *flags, "--rollout-batch-size", "1", "--rollout-num-gpus", "1", "--num-rollout", "1"
-    )
+    result = run(*one_rollout_flags(tiny_models["qwen2"], data))
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {data}:2: not valid JSON"), lines
@@ -53,9 +57,7 @@ def one_rollout_argv(tiny_models, tmp_path, monkeypatch) -> None:
     """``sys.argv`` of a valid one-rollout ``train.py`` run on one prompt, for ``run_entry_point``."""
     data = tmp_path / "train.jsonl"
     data.write_text(json.dumps({"input": "abc", "label": "cba"}) + "\n")
-    argv = [*model_args(), "--hf-checkpoint", str(tiny_models["qwen2"]), "--prompt-data", str(data)]
-    argv += ["--lr", "1e-5", "--rollout-batch-size", "1", "--rollout-num-gpus", "1", "--num-rollout", "1"]
-    monkeypatch.setattr(sys, "argv", ["train.py", *argv])
+    monkeypatch.setattr(sys, "argv", ["train.py", *one_rollout_flags(tiny_models["qwen2"], data)])
 
 
 def test_an_engine_refusal_at_run_time_is_one_line_and_exit_1(tiny_models, tmp_path, monkeypatch, caplog):

@@ -19,7 +19,7 @@ import psutil
 import pytest
 import ray
 import torch
-from conftest import REPO, model_args
+from conftest import REPO
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from text_form_generate import write_chat_prompts
 
@@ -30,26 +30,14 @@ from slime.weight_sync.engine_client import EngineCallError
 pytestmark = pytest.mark.e2e
 
 
-def loop_flags(model: Path, task: Path, *extra: str) -> list[str]:
-    return [
-        *model_args(),
-        "--hf-checkpoint", str(model),
-        "--prompt-data", str(task),
-        "--label-key", "label",
-        "--rm-type", "exact",
-        "--rollout-batch-size", "4",
-        "--n-samples-per-prompt", "4",
-        "--rollout-max-response-len", "6",
-        "--rollout-num-gpus", "2",
-        "--actor-num-gpus-per-node", "2",
-        "--micro-batch-size", "4",
-        "--lr", "1e-4",
-        "--lr-decay-style", "constant",
-        "--use-kl-loss", "--kl-loss-coef", "0.01",
-        "--num-rollout", "2",
-        "--log-level", "INFO",
-        *extra,
-    ]  # fmt: skip
+LOOP = {
+    "n_samples_per_prompt": 4, "rollout_max_response_len": 6, "rollout_num_gpus": 2,
+    "actor_num_gpus_per_node": 2, "lr": "1e-4", "use_kl_loss": True, "kl_loss_coef": "0.01",
+    "log_level": "INFO",
+}  # fmt: skip
+"""``tiny_run_flags`` overrides of the loop tests: GRPO with a KL loss, 2 engines and 2 trainer ranks."""
+ONE_PER_SIDE = LOOP | {"rollout_num_gpus": 1, "actor_num_gpus_per_node": 1}
+"""``LOOP`` with one engine and one trainer rank instead of two of each (test_train_async, test_ppo_e2e)."""
 
 
 def processes_tagged(tag: str) -> list[str]:
@@ -83,13 +71,11 @@ def engine_weights_equal(url: str, expected: dict[str, torch.Tensor]) -> None:
         ),
     ],
 )
-def test_session_pushes_trainer_weights_to_every_engine(
-    ray_cluster, tiny_models, reverse_task, release, layout
-):
+def test_session_pushes_trainer_weights_to_every_engine(ray_cluster, tiny_run_flags, release, layout):
     from slime.ray.session import TrainingSession
     from slime.utils.engine_api import probe_engine_api
 
-    flags = loop_flags(tiny_models["qwen2"], reverse_task, "--torch-engine-sglang-release", release, *layout)
+    flags = tiny_run_flags("--torch-engine-sglang-release", release, *layout, **LOOP)
     args = parse_args(flags)
     with TrainingSession(args) as session:
         session.push_weights()
@@ -153,15 +139,14 @@ def run_train(flags: list[str]) -> subprocess.CompletedProcess:
     return result
 
 
-def test_train_py_runs_grpo_logs_every_scalar_and_resumes_exactly(tiny_models, reverse_task, tmp_path):
+def test_train_py_runs_grpo_logs_every_scalar_and_resumes_exactly(tiny_run_flags, tmp_path):
     """A run resumed from its rollout-1 checkpoint repeats rollout 2 of the uninterrupted run exactly:
     the same prompts in the same order, the same sampled tokens (seeded per sample) and the same loss."""
     ckpt, tb = tmp_path / "ckpt", tmp_path / "tb"
-    flags = loop_flags(
-        tiny_models["qwen2"], reverse_task, "--save", str(ckpt), "--save-interval", "2", "--tb-dir", str(tb),
-        "--save-debug-rollout-data", str(tmp_path / "full_{rollout_id}.pt"),
+    flags = tiny_run_flags(
+        "--save", str(ckpt), "--save-interval", "2", "--tb-dir", str(tb),
+        "--save-debug-rollout-data", str(tmp_path / "full_{rollout_id}.pt"), **LOOP, num_rollout=3,
     )  # fmt: skip
-    flags[flags.index("--num-rollout") + 1] = "3"
     run_train(flags)
     scalars = read_events(tb)
     missing = [tag for tag in REQUIRED_SCALARS if tag not in scalars]
@@ -174,11 +159,10 @@ def test_train_py_runs_grpo_logs_every_scalar_and_resumes_exactly(tiny_models, r
     assert saved_position["next_group_index"] == 2 * 4  # two rollouts of 4 prompt groups
 
     resumed_tb = tmp_path / "tb_resumed"
-    flags = loop_flags(
-        tiny_models["qwen2"], reverse_task, "--load", str(ckpt), "--ckpt-step", "1",
-        "--tb-dir", str(resumed_tb), "--save-debug-rollout-data", str(tmp_path / "resumed_{rollout_id}.pt"),
+    flags = tiny_run_flags(
+        "--load", str(ckpt), "--ckpt-step", "1", "--tb-dir", str(resumed_tb),
+        "--save-debug-rollout-data", str(tmp_path / "resumed_{rollout_id}.pt"), **LOOP, num_rollout=3,
     )  # fmt: skip
-    flags[flags.index("--num-rollout") + 1] = "3"
     result = run_train(flags)
     assert "resumed from" in result.stderr and "at rollout 2" in result.stderr
     resumed = read_events(resumed_tb)
@@ -191,15 +175,13 @@ def test_train_py_runs_grpo_logs_every_scalar_and_resumes_exactly(tiny_models, r
         assert resumed[tag][0][1] == pytest.approx(scalars[tag][2][1], rel=1e-6, abs=1e-9), tag
 
 
-def test_num_epoch_alone_sets_the_number_of_rollouts_from_the_data(tiny_models, reverse_task, tmp_path):
+def test_num_epoch_alone_sets_the_number_of_rollouts_from_the_data(tiny_run_flags, tmp_path):
     """8 prompts, 4 per rollout, one epoch: 2 rollouts, known before the trainers build their LR
     schedule (before, --num-epoch without --num-rollout crashed after every process had started)."""
     tb = tmp_path / "tb"
-    flags = loop_flags(tiny_models["qwen2"], reverse_task, "--tb-dir", str(tb), "--lr-decay-style", "linear")
-    at = flags.index("--num-rollout")
-    flags[at : at + 2] = ["--num-epoch", "1"]
-    decay = flags.index("--lr-decay-style")  # loop_flags' constant one comes first; keep the linear
-    del flags[decay : decay + 2]
+    flags = tiny_run_flags(
+        "--tb-dir", str(tb), **LOOP, lr_decay_style="linear", num_rollout=None, num_epoch=1
+    )
     result = run_train(flags)
     assert "--num-epoch 1: 2 rollouts" in result.stderr
     scalars = read_events(tb)
@@ -208,22 +190,19 @@ def test_num_epoch_alone_sets_the_number_of_rollouts_from_the_data(tiny_models, 
     assert lrs == pytest.approx([5e-5, 0.0])  # after each step of a linear decay from 1e-4 over 2 steps
 
 
-def test_a_text_form_generate_trains_and_evaluates(tiny_models, tmp_path):
+def test_a_text_form_generate_trains_and_evaluates(tiny_run_flags, tmp_path):
     """The usage guide's custom generate (text to the router, ``sample.response`` set, no tokens) with
     chat prompts and a custom reward: before, its samples never finished and rollout 0 drew prompts
     until killed; now it trains (no engine log-probs, so no mismatch metrics) and evaluates."""
     prompts, tb = write_chat_prompts(tmp_path / "chat.jsonl"), tmp_path / "tb"
-    flags = loop_flags(tiny_models["qwen2"], prompts, "--tb-dir", str(tb), "--rollout-temperature", "0.7")
-    for flag in ("--rm-type", "--num-rollout", "--rollout-batch-size"):
-        at = flags.index(flag)
-        del flags[at : at + 2]
     plugins = REPO / "tests/text_form_generate.py"
-    flags += [
-        "--input-key", "messages", "--num-rollout", "1", "--rollout-batch-size", "2",
+    flags = tiny_run_flags(
+        "--tb-dir", str(tb), "--rollout-temperature", "0.7", "--input-key", "messages",
         "--custom-generate-function-path", f"{plugins}:text_generate",
         "--custom-rm-path", f"{plugins}:first_letter_reward",
         "--eval-prompt-data", "chat", str(prompts), "--eval-input-key", "messages", "--eval-interval", "1",
-    ]  # fmt: skip
+        **LOOP, prompt_data=prompts, rm_type=None, num_rollout=1, rollout_batch_size=2,
+    )  # fmt: skip
     run_train(flags)
     scalars = read_events(tb)
     assert [step for step, _ in scalars["train/loss"]] == [0]
@@ -232,10 +211,9 @@ def test_a_text_form_generate_trains_and_evaluates(tiny_models, tmp_path):
     assert [step for step, _ in scalars["eval/chat"]] == [-1, 0]
 
 
-def test_ctrl_c_stops_every_process_of_the_run(tiny_models, reverse_task):
+def test_ctrl_c_stops_every_process_of_the_run(tiny_run_flags):
     tag = uuid.uuid4().hex
-    flags = loop_flags(tiny_models["qwen2"], reverse_task)
-    flags[flags.index("--num-rollout") + 1] = "100"
+    flags = tiny_run_flags(**LOOP, num_rollout=100)
     env = {**os.environ, "SLIME_TEST_RUN": tag}
     # As in a terminal: a test runner started in the background inherits SIGINT ignored, and so
     # would train.py (Python installs its KeyboardInterrupt handler only where SIGINT is not ignored).

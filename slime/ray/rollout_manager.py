@@ -8,7 +8,7 @@ Each responsibility is its own small object and ``RolloutManager`` only wires th
   next, resumable;
 - ``RolloutFunction``: the ``--rollout-function-path`` plugin, called once per rollout
   (``evaluation=False``) and once per evaluation with the eval sets (``evaluation=True``);
-- the ``--eval-prompt-data`` sets, scored by ``eval``.
+- the ``--eval-prompt-data`` sets (read by ``slime.rollout.prompt_files``), scored by ``eval``.
 
 Rollout functions find the router through ``args.sglang_router_ip``/``args.sglang_router_port``
 (slime's convention, set by ``start``). Without engine bundles (SFT, train-only debugging) no engine
@@ -36,9 +36,10 @@ import ray
 from ray.util.placement_group import PlacementGroup
 
 from slime.ray.engines import DEFAULT_START_TIMEOUT_S, EnginePool
-from slime.rollout.data_source import DataSource, load_prompts, load_tokenizer, make_data_source
+from slime.rollout.data_source import DataSource, make_data_source
 from slime.rollout.errors import RolloutError
 from slime.rollout.output import RolloutOutput
+from slime.rollout.prompt_files import PromptFormat, load_prompts
 from slime.rollout.router import Router
 from slime.rollout.sample import Sample
 from slime.utils.plugins import load_function
@@ -150,23 +151,13 @@ def rollout_metrics(
 
 
 def load_eval_datasets(args: argparse.Namespace) -> dict[str, list[Sample]]:
-    """The ``--eval-prompt-data`` sets by name, read with the ``--eval-*-key`` fields."""
+    """The ``--eval-prompt-data`` sets by name, read like the training prompts with the ``--eval-*-key``
+    fields."""
     datasets = getattr(args, "eval_datasets", None) or []
     if not datasets:
         return {}
-    tokenizer = load_tokenizer(args.hf_checkpoint) if args.apply_chat_template else None
-    return {
-        name: load_prompts(
-            path,
-            input_key=args.eval_input_key,
-            label_key=args.eval_label_key,
-            metadata_key=args.metadata_key,
-            tool_key=args.tool_key,
-            tokenizer=tokenizer,
-            apply_chat_template=args.apply_chat_template,
-        )
-        for name, path in datasets
-    }
+    prompt_format = PromptFormat.from_args(args, evaluation=True)
+    return {name: load_prompts(path, prompt_format) for name, path in datasets}
 
 
 class RolloutFunction:

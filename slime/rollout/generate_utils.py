@@ -42,8 +42,8 @@ from typing import Any
 
 import aiohttp
 
-from slime.rollout.data_source import load_tokenizer, render_chat
 from slime.rollout.errors import RolloutError
+from slime.rollout.prompt_files import load_tokenizer, render_chat
 from slime.rollout.sample import Sample
 from slime.utils.http import post_json
 

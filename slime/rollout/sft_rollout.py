@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import argparse
 
-from slime.rollout.data_source import DataError, DataSource
+from slime.rollout.data_source import DataSource
 from slime.rollout.generate_utils import cached_tokenizer, prompt_ids
 from slime.rollout.output import RolloutOutput
+from slime.rollout.prompt_files import DataError
 from slime.rollout.sample import Sample
 
 

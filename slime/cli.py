@@ -14,8 +14,8 @@ import sys
 from collections.abc import Callable
 
 from slime.config import ConfigError, parse_args
-from slime.rollout.data_source import DataError
 from slime.rollout.errors import RolloutError
+from slime.rollout.prompt_files import DataError
 from slime.utils.metrics import setup_logging
 from slime.weight_sync.engine_client import EngineCallError
 

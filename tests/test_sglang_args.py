@@ -267,6 +267,18 @@ def test_the_builtin_subset_is_the_torch_engines_flag_table_too(tmp_path: Path) 
     assert args.ignored == {"mem_fraction_static": "0.5"}
 
 
+def test_the_torch_engine_accepts_list_and_switch_flags_without_effect(tmp_path: Path) -> None:
+    """``--sglang-cuda-graph-bs-decode 1 2 4`` (the ``--sglang`` help's own example) passes slime's check,
+    so the engine it is handed to must take a list there too, and a bare switch."""
+    from slime.backends.torch_engine import server_args as engine
+
+    argv = ["--model-path", str(tmp_path), "--cuda-graph-bs-decode", "1", "2", "4", "--disable-cuda-graph"]
+    assert engine.parse_server_args(argv).ignored == {
+        "cuda_graph_bs_decode": ["1", "2", "4"],
+        "disable_cuda_graph": True,
+    }
+
+
 def _hf(tmp_path: Path) -> str:
     config = {
         "model_type": "qwen2", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,

@@ -102,10 +102,8 @@ def _parser() -> argparse.ArgumentParser:
         default=SUPPORTED_RELEASES[-1],
         help="the SGLang release whose HTTP protocol to mirror (weight-update sessions, load endpoints)",
     )
-    for name in NO_EFFECT:
-        parser.add_argument(
-            "--" + name.replace("_", "-"), nargs="?", const=True, default=None, help=argparse.SUPPRESS
-        )
+    for name in NO_EFFECT:  # a switch, one value or a list (``--cuda-graph-bs-decode 1 2 4``)
+        parser.add_argument("--" + name.replace("_", "-"), nargs="*", default=None, help=argparse.SUPPRESS)
 
     def one_line_error(message: str) -> NoReturn:
         parser.exit(2, f"{PROG}: error: {message}\n")
@@ -141,10 +139,17 @@ def parse_server_args(argv: list[str] | None = None) -> ServerArgs:
             parser.error(
                 f"--{name.replace('_', '-')} {values[name]} is not a directory (a local HF checkpoint)"
             )
-    ignored = {name: values.pop(name) for name in NO_EFFECT if values.get(name) is not None}
+    ignored = {name: _as_given(values.pop(name)) for name in NO_EFFECT if values.get(name) is not None}
     for name in NO_EFFECT:
         values.pop(name, None)
     return ServerArgs(**values, ignored=ignored)
+
+
+def _as_given(values: list[str]) -> Any:
+    """A no-effect flag's values as ``--sglang-*`` parsing records them: True for a bare switch."""
+    if not values:
+        return True
+    return values[0] if len(values) == 1 else values
 
 
 def main_error(message: str) -> NoReturn:

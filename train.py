@@ -25,9 +25,7 @@ logger = logging.getLogger("slime")
 
 
 def train(args: argparse.Namespace) -> None:
-    with PeakMemoryMonitor() as memory, TrainingSession(args) as session:
-        loop = RolloutLoop(args, session)
-        loop.start()
+    with PeakMemoryMonitor() as memory, TrainingSession(args) as session, RolloutLoop(args, session) as loop:
         for rollout_id in tqdm(loop.rollout_ids(), desc="rollouts", unit="rollout"):
             data = loop.generate(rollout_id)
             session.hand_gpus_to_trainer()  # --colocate: engines release their memory, the trainer takes it
@@ -37,7 +35,6 @@ def train(args: argparse.Namespace) -> None:
                 metrics.update(loop.push_weights())
             session.hand_gpus_to_engines()  # --colocate: the trainer releases its memory, engines take it
             loop.finish(rollout_id, metrics)
-        loop.close()
     logger.info("done; peak memory of all processes %.2f GiB", memory.peak_bytes / 2**30)
 
 

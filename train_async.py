@@ -27,9 +27,7 @@ logger = logging.getLogger("slime")
 
 
 def train(args: argparse.Namespace) -> None:
-    with PeakMemoryMonitor() as memory, TrainingSession(args) as session:
-        loop = RolloutLoop(args, session)
-        loop.start()
+    with PeakMemoryMonitor() as memory, TrainingSession(args) as session, RolloutLoop(args, session) as loop:
         rollout_ids = loop.rollout_ids()
         with RolloutsAhead(loop.generate, rollout_ids, args.async_buffer_size) as ahead:
             for rollout_id in tqdm(rollout_ids, desc="rollouts", unit="rollout"):
@@ -40,7 +38,6 @@ def train(args: argparse.Namespace) -> None:
                     with ahead.paused():  # waits only for the rollout being generated right now
                         metrics.update(loop.push_weights())
                 loop.finish(rollout_id, metrics)
-        loop.close()
     logger.info("done; peak memory of all processes %.2f GiB", memory.peak_bytes / 2**30)
 
 

@@ -22,6 +22,7 @@ def add_slime_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     """Add slime's own argument groups, in the order a user reads a launch script."""
     rollout.add_cluster_arguments(parser)
     rollout.add_rollout_arguments(parser)
+    rollout.add_fault_tolerance_arguments(parser)
     rollout.add_data_arguments(parser)
     train.add_algorithm_arguments(parser)
     rollout.add_reward_arguments(parser)

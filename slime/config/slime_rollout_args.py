@@ -1,10 +1,10 @@
-"""slime's own flags, rollout side: cluster, rollout, data, reward, evaluation."""
+"""slime's own flags, rollout side: cluster, rollout, fault tolerance, data, reward, evaluation."""
 
 from __future__ import annotations
 
 import argparse
 
-from slime.config.arg_types import positive_int
+from slime.config.arg_types import positive_float, positive_int
 from slime.utils.engine_api import SUPPORTED_SGLANG
 
 DEFAULT_ROLLOUT_FUNCTION_PATH = "slime.rollout.sglang_rollout.generate_rollout"
@@ -168,6 +168,45 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
         "--mask-offpolicy-in-partial-rollout",
         action="store_true",
         help="With --partial-rollout: leave the tokens generated under older weights out of the loss.",
+    )
+
+
+def add_fault_tolerance_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group(
+        "slime: fault tolerance",
+        "An engine that fails a probe, stops answering or dies is taken out of the router, restarted on "
+        "its own bundles and given the current weights at the next push before it serves again; its "
+        "requests are sent again to the others. README 'Fault tolerance' says what each failure costs.",
+    )
+    g.add_argument(
+        "--use-fault-tolerance",
+        action="store_true",
+        help="Probe the engines, restart failed ones and retry their requests instead of stopping the run.",
+    )
+    g.add_argument(
+        "--rollout-health-check-interval",
+        type=positive_float,
+        default=10.0,
+        help="Seconds between two probes of an engine (GET /health_generate).",
+    )
+    g.add_argument(
+        "--rollout-health-check-timeout",
+        type=positive_float,
+        default=30.0,
+        help="Seconds a probe may take before the engine counts as hung (generous: a loaded engine is slow).",
+    )
+    g.add_argument(
+        "--rollout-health-check-first-wait",
+        type=float,
+        default=300.0,
+        help="Seconds after the engines start before the first probe (large MoE models compile first).",
+    )
+    g.add_argument(
+        "--rollout-request-retries",
+        type=int,
+        default=5,
+        help="Times a request an engine failed is sent again (0.5 s, 1 s, 2 s ... apart, at most one "
+        "health-check interval) before the rollout stops.",
     )
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
+import urllib.error
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +29,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from slime.backends import resolve_backend
 from slime.backends.engine_server import EngineServer, start_engine_server
 from slime.ray.cluster import BundleLocation, actor_gpus, by_node_and_gpu, locate_bundles
-from slime.utils.http import HttpError, ServerStartError, free_port, get_json, post_json_sync
+from slime.utils.http import HttpError, ServerStartError, free_port, get_json, post_json_sync, request_json
 from slime.weight_sync.settings import WeightSyncSettings
 
 logger = logging.getLogger(__name__)
@@ -37,6 +39,36 @@ DEFAULT_START_TIMEOUT_S = 300.0
 
 class EngineStartError(RuntimeError):
     """An engine that did not come up; the message carries the tail of its log."""
+
+
+def exit_description(code: int | str) -> str:
+    """How an engine server ended: ``exited with status 1``, ``was killed by SIGKILL``, ``actor died``."""
+    if isinstance(code, str):
+        return code
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+def engine_problem(url: str, exit_codes: list[int | str | None], timeout_s: float) -> str | None:
+    """What is wrong with the engine at ``url`` whose processes report ``exit_codes``
+    (``EnginePool.exit_codes``): one ended, or ``GET /health_generate`` failed or took longer than
+    ``timeout_s``; None when it answers 200 in time."""
+    ended = [code for code in exit_codes if code is not None]
+    if ended:
+        return exit_description(ended[0])
+    try:
+        request_json("GET", f"{url}/health_generate", timeout=timeout_s)
+    except HttpError as exc:
+        return f"answered GET /health_generate with HTTP {exc.status}"
+    except (TimeoutError, urllib.error.URLError) as exc:
+        if isinstance(exc, TimeoutError) or isinstance(exc.reason, TimeoutError):
+            return f"did not answer GET /health_generate within {timeout_s:.0f} s"
+        return f"refused GET /health_generate ({exc.reason})"
+    return None
 
 
 def external_engine_url(addr: str, weight_sync: WeightSyncSettings) -> str:
@@ -180,13 +212,18 @@ class EngineActor:
     def pid(self) -> int | None:
         return None if self.server is None else self.server.process.pid
 
+    def exit_code(self) -> int | None:
+        """The server's exit status once it has exited (negative: the signal that ended it), else None."""
+        return None if self.server is None else self.server.process.exit_code()
+
     def shutdown(self) -> None:
         if self.server is not None:
             self.server.stop()
 
 
 class EnginePool:
-    """The engines of one placement group: placed together, started together, stopped together.
+    """The engines of one placement group: placed together, started together, stopped together; under
+    ``--use-fault-tolerance`` one engine is also stopped and started again on its own bundles.
 
     No bundles, no engines: runs that generate nothing (SFT, train-only debugging) use an empty pool.
     """
@@ -202,27 +239,28 @@ class EnginePool:
             )
         from slime.utils.device import worker_env
 
+        self.args, self.pg, self.log_dir = args, pg, log_dir
         num_engines = len(bundle_indices) // per_engine
         per_node = max(1, min(num_engines, args.num_gpus_per_node // per_engine))
-        env = worker_env(processes_per_node=per_node)
+        self._env = worker_env(processes_per_node=per_node)
         if per_engine == 1:  # one bundle per engine: nothing to group, no need to locate bundles
-            engines = [[EngineNode(rank, 1, index)] for rank, index in enumerate(bundle_indices)]
+            self.engines = [[EngineNode(rank, 1, index)] for rank, index in enumerate(bundle_indices)]
         else:
             locations = locate_bundles(pg, bundle_indices)
-            engines = plan_engine_nodes(locations, per_engine, args.num_gpus_per_node)
-        self.nodes = [node for engine in engines for node in engine]
-        self.actors = [
-            EngineActor.options(
-                num_cpus=0,
-                num_gpus=actor_gpus(args, "engine"),  # a share of the GPU under --colocate
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    pg, placement_group_bundle_index=node.bundle_index
-                ),
-                runtime_env={"env_vars": env},
-            ).remote(args, node, log_dir)
-            for node in self.nodes
-        ]
+            self.engines = plan_engine_nodes(locations, per_engine, args.num_gpus_per_node)
+        self.nodes = [node for engine in self.engines for node in engine]
+        self.actors = [self._actor(node) for node in self.nodes]
         self.urls: list[str] = []
+
+    def _actor(self, node: EngineNode):
+        return EngineActor.options(
+            num_cpus=0,
+            num_gpus=actor_gpus(self.args, "engine"),  # a share of the GPU under --colocate
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                self.pg, placement_group_bundle_index=node.bundle_index
+            ),
+            runtime_env={"env_vars": self._env},
+        ).remote(self.args, node, self.log_dir)
 
     def start(self, timeout_s: float = DEFAULT_START_TIMEOUT_S) -> list[str]:
         """Starts every engine; the first failure stops them all and raises ``EngineStartError``.
@@ -231,16 +269,26 @@ class EnginePool:
         """
         if not self.actors:
             return []
+        try:
+            urls = self._start(self.nodes, self.actors, timeout_s)
+        except EngineStartError:
+            self.shutdown()
+            raise
+        self.urls = [url for node, url in zip(self.nodes, urls, strict=True) if node.node_rank == 0]
+        return list(self.urls)
+
+    def _start(self, nodes: list[EngineNode], actors: list, timeout_s: float) -> list[str]:
+        """Starts the servers of ``nodes`` (all nodes of their engines) on ``actors``; each node's URL."""
         spanning = [
             (node.engine_rank, actor)
-            for node, actor in zip(self.nodes, self.actors, strict=True)
+            for node, actor in zip(nodes, actors, strict=True)
             if node.nnodes > 1 and node.node_rank == 0
         ]
         addresses = ray.get([actor.dist_init_addr.remote() for _, actor in spanning])
         meet_at = {rank: address for (rank, _), address in zip(spanning, addresses, strict=True)}
         refs = [
             actor.start.remote(timeout_s, meet_at.get(node.engine_rank))
-            for node, actor in zip(self.nodes, self.actors, strict=True)
+            for node, actor in zip(nodes, actors, strict=True)
         ]
         pending = list(refs)
         try:
@@ -248,38 +296,76 @@ class EnginePool:
                 done, pending = ray.wait(pending, num_returns=1)
                 ray.get(done[0])
         except ray.exceptions.RayTaskError as exc:
-            self.shutdown()
             cause = exc.cause if exc.cause is not None else exc
             raise EngineStartError(str(cause)) from None
-        urls = ray.get(refs)
-        self.urls = [url for node, url in zip(self.nodes, urls, strict=True) if node.node_rank == 0]
-        return list(self.urls)
+        return ray.get(refs)
+
+    def _positions(self, rank: int) -> list[int]:
+        return [i for i, node in enumerate(self.nodes) if node.engine_rank == rank]
+
+    def restart(self, rank: int, timeout_s: float = DEFAULT_START_TIMEOUT_S) -> str:
+        """Stops engine ``rank`` (every node of it) and starts it again on the same bundles; its new URL.
+
+        Raises ``EngineStartError`` when it does not come up (its actors are stopped then too).
+        """
+        positions = self._positions(rank)
+        self._stop([self.actors[i] for i in positions])
+        for i in positions:
+            self.actors[i] = self._actor(self.nodes[i])
+        nodes, actors = [self.nodes[i] for i in positions], [self.actors[i] for i in positions]
+        try:
+            url = self._start(nodes, actors, timeout_s)[0]
+        except EngineStartError:
+            self._stop(actors)
+            raise
+        self.urls[rank] = url
+        return url
+
+    def exit_codes(self, rank: int) -> list[int | str | None]:
+        """Per node of engine ``rank``: its server's exit status (None: running; "actor died")."""
+        codes: list[int | str | None] = []
+        for i in self._positions(rank):
+            try:
+                codes.append(ray.get(self.actors[i].exit_code.remote(), timeout=10))
+            except (ray.exceptions.RayError, TimeoutError):
+                codes.append("its actor died")
+        return codes
 
     def pids(self) -> list[int | None]:
         return ray.get([actor.pid.remote() for actor in self.actors])
 
-    def post_all(self, path: str, payload: dict[str, Any] | None = None, timeout: float = 60.0) -> list:
-        """The same POST to every engine, in parallel; answers in engine order."""
-        with ThreadPoolExecutor(max_workers=max(1, len(self.urls))) as pool:
-            return list(pool.map(lambda url: post_json_sync(f"{url}{path}", payload, timeout), self.urls))
+    def post_all(
+        self,
+        path: str,
+        payload: dict[str, Any] | None = None,
+        timeout: float = 60.0,
+        urls: list[str] | None = None,
+    ) -> list:
+        """The same POST to every engine (or to ``urls``), in parallel; answers in that order."""
+        targets = self.urls if urls is None else urls
+        with ThreadPoolExecutor(max_workers=max(1, len(targets))) as pool:
+            return list(pool.map(lambda url: post_json_sync(f"{url}{path}", payload, timeout), targets))
 
-    def pause(self, mode: str = "abort") -> None:
+    def pause(self, mode: str = "abort", urls: list[str] | None = None) -> None:
         """``/pause_generation`` on every engine (SGLang modes: abort, retract, in_place)."""
-        self.post_all("/pause_generation", {"mode": mode})
+        self.post_all("/pause_generation", {"mode": mode}, urls=urls)
 
-    def resume(self) -> None:
-        self.post_all("/continue_generation")
+    def resume(self, urls: list[str] | None = None) -> None:
+        self.post_all("/continue_generation", urls=urls)
+
+    def _stop(self, actors: list) -> None:
+        refs = [actor.shutdown.remote() for actor in actors]
+        try:
+            ray.get(refs, timeout=60)
+        except Exception as exc:  # the actor died or hangs: killing it kills its server (parent-death signal)
+            logger.warning("engine shutdown did not finish cleanly (%s); killing the actors", exc)
+        for actor in actors:
+            ray.kill(actor)
 
     def shutdown(self) -> None:
         """Stops every server, then the actors; safe to call twice."""
         if not self.actors:
             return
-        refs = [actor.shutdown.remote() for actor in self.actors]
-        try:
-            ray.get(refs, timeout=60)
-        except Exception as exc:  # the actor died or hangs: killing it kills its server (parent-death signal)
-            logger.warning("engine shutdown did not finish cleanly (%s); killing the actors", exc)
-        for actor in self.actors:
-            ray.kill(actor)
+        self._stop(self.actors)
         self.actors = []
         self.urls = []

@@ -58,6 +58,22 @@ class RolloutLoop:
         self.version = 1 + session.start_rollout_id if session.trainer is not None else 1
         self.metrics_logger = MetricsLogger(args)
         self._step_start = time.perf_counter()
+        self.trained: int | None = None  # the last rollout this session trained on
+        self.saved: int | None = None  # the last rollout this session checkpointed
+
+    def __enter__(self) -> RolloutLoop:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        """A run that stops on an error checkpoints what it trained first (``--save``); one that
+        finishes exports and flushes (``close``)."""
+        if exc_type is None:
+            self.close()
+            return
+        if isinstance(exc, Exception):
+            self.save_before_stopping()
+        self.metrics_logger.close()
 
     def rollout_ids(self) -> range:
         return range(self.session.start_rollout_id, self.args.num_rollout)
@@ -108,6 +124,7 @@ class RolloutLoop:
         metrics.update(mean_over_steps(self.session.trainer.train(data)))
         metrics["perf/train_time"] = time.perf_counter() - start
         self.version += 1
+        self.trained = self.session.trainer.next_rollout - 1
         return metrics
 
     def save(self, rollout_id: int) -> None:
@@ -116,6 +133,25 @@ class RolloutLoop:
             self.args.save_interval, rollout_id, self.args.num_rollout
         ):
             self.session.trainer.save(rollout_id)
+            self.saved = rollout_id
+
+    def save_before_stopping(self) -> None:
+        """After an error (an engine died, say): the trainer's checkpoint of the last rollout it trained,
+        with the data position after that rollout, so ``--load`` continues there. Best effort: a
+        trainer that is gone cannot save, and that is only logged."""
+        rollout_id = self.trained
+        if not self.args.save or self.session.trainer is None or rollout_id in (None, self.saved):
+            return
+        try:
+            self.session.trainer.save(rollout_id)
+            ray.get(self.session.rollout.save_position_after.remote(rollout_id), timeout=300)
+        except Exception as exc:
+            logger.warning("could not checkpoint rollout %d before stopping: %s", rollout_id, exc)
+            return
+        self.saved = rollout_id
+        logger.info(
+            "checkpointed rollout %d before stopping; --load %s continues there", rollout_id, self.args.save
+        )
 
     def push_due(self, rollout_id: int) -> bool:
         """Whether the weights go to the engines after this rollout (``--update-weights-interval``)."""

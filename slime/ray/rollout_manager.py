@@ -24,7 +24,9 @@ The actor is threaded (``max_concurrency``) so that ``pause``/``resume`` reach t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -35,9 +37,10 @@ from urllib.parse import urlsplit
 import ray
 from ray.util.placement_group import PlacementGroup
 
-from slime.ray.engines import DEFAULT_START_TIMEOUT_S, EnginePool
+from slime.ray.engine_recovery import EngineRecovery
+from slime.ray.engines import DEFAULT_START_TIMEOUT_S, EnginePool, engine_problem
 from slime.rollout.data_source import DataSource, make_data_source
-from slime.rollout.errors import RolloutError
+from slime.rollout.errors import EngineFailure, RolloutError
 from slime.rollout.output import RolloutOutput
 from slime.rollout.prompt_files import PromptFormat, load_prompts
 from slime.rollout.router import Router
@@ -208,6 +211,10 @@ class RolloutManager:
         self.data_source = data_source if data_source is not None else make_data_source(args)
         self.rollout_fn = RolloutFunction(args.rollout_function_path)
         self.eval_datasets = eval_datasets if eval_datasets is not None else load_eval_datasets(args)
+        self.recovery: EngineRecovery | None = None  # --use-fault-tolerance, once the engines are up
+        self._generated: int | None = None
+        self._kept_id: int | None = None
+        self._kept_position = Path(self.log_dir) / "position_kept"
 
     def start(self, timeout_s: float = DEFAULT_START_TIMEOUT_S) -> tuple[list[str], str | None]:
         """Starts the router and the engines and registers every engine; ``(engine URLs, router URL)``.
@@ -226,6 +233,9 @@ class RolloutManager:
         except BaseException:
             self.shutdown()
             raise
+        if self.args.use_fault_tolerance:
+            self.recovery = EngineRecovery(self.args, self.engines, self.router)
+            self.recovery.start()
         # slime's plugin convention: custom generate functions find the router through args.
         parts = urlsplit(router_url)
         self.args.sglang_router_ip, self.args.sglang_router_port = parts.hostname, parts.port
@@ -233,12 +243,66 @@ class RolloutManager:
 
     def generate(self, rollout_id: int) -> dict[str, Any]:
         """One rollout as train data (per-sample lists) with its metrics under ``"metrics"``."""
-        output, seconds = self.rollout_fn(self.args, rollout_id, self.data_source)
+        before = self.recovery.counters() if self.recovery is not None else {}
+        if self.args.save and rollout_id > 0:  # the position after the previous rollout, should this one fail
+            self._keep_position(rollout_id - 1)
+        with self._failures_named():
+            output, seconds = self.rollout_fn(self.args, rollout_id, self.data_source)
         require_rollout_log_probs(self.args, output.groups)
         data: dict[str, Any] = samples_to_train_data(output.groups, self.args.reward_key)
         metrics = rollout_metrics(output.groups, seconds, self.args.reward_key)
+        if self.recovery is not None:  # what this rollout cost: restarts and time out of service
+            metrics.update({key: value - before[key] for key, value in self.recovery.counters().items()})
         data[METRICS_KEY] = {**metrics, **output.metrics}
+        self._generated = rollout_id
         return data
+
+    def _keep_position(self, rollout_id: int) -> None:
+        """The data source's position after ``rollout_id``, saved aside (``save_position_after``)."""
+        shutil.rmtree(self._kept_position, ignore_errors=True)
+        self.data_source.save(rollout_id, self._kept_position)
+        self._kept_id = rollout_id
+
+    def save_position_after(self, rollout_id: int) -> None:
+        """Saves the position after ``rollout_id`` to ``--save`` when the run stops between two
+        checkpoints: the one kept aside when the next rollout began, or the current one when
+        ``rollout_id`` was the last generated."""
+        if self._kept_id == rollout_id:
+            shutil.copytree(self._kept_position, self.args.save, dirs_exist_ok=True)
+        elif self._generated == rollout_id:
+            self.data_source.save(rollout_id, self.args.save)
+        else:
+            raise RuntimeError(f"no data position after rollout {rollout_id} was kept")
+
+    @contextlib.contextmanager
+    def _failures_named(self):
+        """An error while engines are in use becomes one ``EngineFailure`` line when an engine is down
+        (which one, how it ended or what it answered, what to do); other errors pass unchanged."""
+        try:
+            yield
+        except EngineFailure:
+            raise
+        except Exception:
+            failure = self._engine_failure()
+            if failure is None:
+                raise
+            raise failure from None
+
+    def _engine_failure(self) -> EngineFailure | None:
+        timeout = self.args.rollout_health_check_timeout
+        problems = [
+            f"engine {rank} ({url}) {problem}"
+            for rank, url in enumerate(self.engines.urls)
+            if (problem := engine_problem(url, self.engines.exit_codes(rank), timeout)) is not None
+        ]
+        if not problems:
+            return None
+        fix = (
+            "the run stops (no engine recovered in time)"
+            if self.recovery is not None
+            else "add --use-fault-tolerance to restart failed engines and retry their requests"
+        )
+        return EngineFailure(f"{'; '.join(problems)}; {fix}")
 
     def eval(self, rollout_id: int) -> dict[str, float]:
         """Scores the ``--eval-prompt-data`` sets with the current weights; ``eval/<name>`` metrics."""
@@ -246,11 +310,30 @@ class RolloutManager:
             return {}
         if self.router is None:
             raise RuntimeError("evaluation needs rollout engines; this run started none")
-        output, _ = self.rollout_fn(self.args, rollout_id, self.eval_datasets, evaluation=True)
+        with self._failures_named():
+            output, _ = self.rollout_fn(self.args, rollout_id, self.eval_datasets, evaluation=True)
         return output.metrics
 
     def engine_urls(self) -> list[str]:
         return list(self.engines.urls)
+
+    def serving_engine_urls(self) -> list[str]:
+        """The engines a weight push must reach now: all, or under ``--use-fault-tolerance`` those up
+        (a restarted one included: it gets the weights before it serves)."""
+        return self.recovery.serving_urls() if self.recovery is not None else list(self.engines.urls)
+
+    def weights_pushed(self, urls: list[str]) -> list[int]:
+        """After a push to ``urls``: restarted engines among them rejoin the router; their ranks."""
+        return self.recovery.weights_pushed(urls) if self.recovery is not None else []
+
+    def pause_health_checks(self) -> None:
+        """While the engines are released (``--colocate``) they must not be probed."""
+        if self.recovery is not None:
+            self.recovery.monitor.pause()
+
+    def resume_health_checks(self) -> None:
+        if self.recovery is not None:
+            self.recovery.monitor.resume()
 
     def router_url(self) -> str | None:
         return None if self.router is None else self.router.url
@@ -286,14 +369,22 @@ class RolloutManager:
         return directory is not None and self.data_source.load(rollout_id, directory)
 
     def pause(self, mode: str = "abort") -> None:
-        """Pauses generation on every engine (e.g. around a weight update)."""
-        self.engines.pause(mode)
+        """Pauses generation on every engine up (e.g. around a weight update), and their probes."""
+        self.pause_health_checks()
+        with self._failures_named():
+            self.engines.pause(mode, urls=self.serving_engine_urls())
 
     def resume(self) -> None:
-        self.engines.resume()
+        try:
+            with self._failures_named():
+                self.engines.resume(urls=self.serving_engine_urls())
+        finally:
+            self.resume_health_checks()
 
     def shutdown(self) -> None:
         """Stops the engines and the router; safe to call twice."""
+        if self.recovery is not None:
+            self.recovery.stop()
         self.engines.shutdown()
         if self.router is not None:
             self.router.shutdown()

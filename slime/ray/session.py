@@ -121,6 +121,7 @@ class TrainingSession:
         """--colocate, after generating: the engines free their GPU memory, the trainer takes it back."""
         if not self._colocated():
             return
+        ray.get(self.rollout.pause_health_checks.remote())  # released engines do not generate
         self._engine_memory("/release_memory_occupation", ["weights", "kv_cache"])
         self.trainer.onload(["weights", "train_state"])
 
@@ -132,6 +133,7 @@ class TrainingSession:
             return
         self.trainer.offload(["train_state", "weights"])
         self._engine_memory("/resume_memory_occupation", ["weights", "kv_cache"])
+        ray.get(self.rollout.resume_health_checks.remote())
 
     def _colocated(self) -> bool:
         return bool(self.args.colocate) and self.trainer is not None and uses_engines(self.args)
@@ -149,6 +151,8 @@ class TrainingSession:
         if not uses_engines(self.args) or self.trainer is None:
             return {}
         self.weight_version = self.weight_version + 1 if version is None else version
+        if self.args.use_fault_tolerance:
+            self._follow_restarted_engines()
         ray.get(self.rollout.pause.remote(mode="abort"))
         self._post_external("/pause_generation", {"mode": "abort"})
         failed = True
@@ -160,6 +164,8 @@ class TrainingSession:
                 self._engine_memory("/resume_memory_occupation", ["weights"])
             metrics = self._update_in_session()
             failed = False
+            if self.args.use_fault_tolerance:  # restarted engines have the weights now: they serve again
+                ray.get(self.rollout.weights_pushed.remote(self.engine_urls))
             return metrics
         finally:
             try:
@@ -169,6 +175,15 @@ class TrainingSession:
                 if not failed:
                     raise
                 logger.warning("resuming generation after the failed weight push: %s", exc)
+
+    def _follow_restarted_engines(self) -> None:
+        """--use-fault-tolerance: a restarted engine has a new URL; the trainer reconnects to the engines
+        up before the push (its groups with a dead one are dropped)."""
+        urls = ray.get(self.rollout.serving_engine_urls.remote())
+        if urls != self.engine_urls:
+            logger.info("engines now at %s; reconnecting the trainer", urls)
+            self.engine_urls = urls
+            self.trainer.connect_engines(urls + self.external_urls, self.weight_sync)
 
     def _update_in_session(self) -> dict[str, float]:
         urls = self.engine_urls + self.external_urls

@@ -128,6 +128,8 @@ class TrainerActor:
     def connect_engines(self, engine_urls: list[str], settings: WeightSyncSettings) -> None:
         from slime.weight_sync.transport import build_weight_updater
 
+        if self.updater is not None:  # engines restarted under --use-fault-tolerance: new URLs, new groups
+            self.updater.disconnect(best_effort=True)
         self.updater = build_weight_updater(settings, self.trainer)
         self.updater.connect(engine_urls)
 
@@ -245,7 +247,7 @@ class TrainerGroup:
         return next(path for path in self._call("save_hf", directory) if path)
 
     def connect_engines(self, engine_urls: list[str], settings: WeightSyncSettings) -> None:
-        """Opens the weight-update groups between the trainer and every engine."""
+        """Opens the weight-update groups between the trainer and every engine (again after restarts)."""
         self._call("connect_engines", engine_urls, settings)
 
     def offload(self, tags: list[str]) -> int:

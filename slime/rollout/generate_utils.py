@@ -45,7 +45,7 @@ import aiohttp
 from slime.rollout.errors import RolloutError
 from slime.rollout.prompt_files import load_tokenizer, render_chat
 from slime.rollout.sample import Sample
-from slime.utils.http import post_json
+from slime.utils.http import HttpError, post_json
 
 _FINISH_STATUS = {
     "stop": Sample.Status.COMPLETED,
@@ -85,6 +85,13 @@ class RolloutContext:
     at the first request (a generate function that never calls the engines never needs it)."""
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
     in_flight: set[str] = field(default_factory=set)
+    retries: int = 0
+    """``--use-fault-tolerance``: how often a request that an engine failed (HTTP 5xx through the router,
+    a broken connection) is sent again, from the same tokens, before the rollout stops."""
+    retry_wait_s: float = 1.0
+    """The longest wait before a retry (doubling from 0.5 s): the health monitor needs about one
+    probe interval to take a dead engine out of the router."""
+    retried: int = 0
     prefix: str = field(default_factory=lambda: f"slime-{uuid.uuid4().hex[:12]}")
     _sent: int = 0
     _context_length: int | None = None
@@ -213,16 +220,43 @@ async def generate_turn(
     payload = {"input_ids": list(input_ids), "sampling_params": sampling_params, "return_logprob": True}
     url = f"{router_url(args)}/generate"
     if context is not None:
-        rid = payload["rid"] = context.new_rid()
-        context.in_flight.add(rid)
-        try:
-            turn = parse_reply(await post_json(context.session, url, payload), index)
-        finally:
-            context.in_flight.discard(rid)
+        reply = await _post_with_retries(context, url, payload)
+        if reply is None:  # the rollout aborted while the request waited for a retry
+            return Turn([], [], "", Sample.Status.ABORTED, "", {"type": "abort"})
+        turn = parse_reply(reply, index)
         turn.context_capped = capped
         return turn
     async with aiohttp.ClientSession() as session:  # outside a rollout, e.g. a quick script
         return parse_reply(await post_json(session, url, payload), index)
+
+
+def _engine_failed(error: Exception) -> bool:
+    """An answer a healthy engine would not give: a 5xx through the router, or no answer at all."""
+    if isinstance(error, HttpError):
+        return error.status >= 500
+    return isinstance(error, aiohttp.ClientError | ConnectionError)
+
+
+async def _post_with_retries(context: RolloutContext, url: str, payload: dict[str, Any]) -> Any:
+    """``/generate`` under a fresh rid per attempt, sent again ``context.retries`` times when an engine
+    failed it; None when the rollout aborted meanwhile. The last failure is raised as it came."""
+    attempt = 0
+    while True:
+        rid = payload["rid"] = context.new_rid()
+        context.in_flight.add(rid)
+        try:
+            return await post_json(context.session, url, payload)
+        except Exception as error:
+            if attempt >= context.retries or not _engine_failed(error):
+                raise
+        finally:
+            context.in_flight.discard(rid)
+        context.retried += 1
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(context.aborted.wait(), min(0.5 * 2**attempt, context.retry_wait_s))
+        if context.aborted.is_set():
+            return None
+        attempt += 1
 
 
 def _check_response(sample: Sample) -> None:

@@ -130,6 +130,9 @@ class RolloutClient:
             ),
             context_length_lookup=lambda: engine_control.context_length(engine_control.engine_urls(url)),
         )
+        if args.use_fault_tolerance:  # a request a dead engine dropped goes to another one
+            self.context.retries = args.rollout_request_retries
+            self.context.retry_wait_s = args.rollout_health_check_interval
 
     async def close(self) -> None:
         await self.context.session.close()
@@ -347,6 +350,8 @@ async def sample_rollout(args: argparse.Namespace, rollout_id: int, data_source:
         masked = sum(mask_offpolicy_turns(sample) for group in groups for sample in group)
     partial = _return_to_source(args, data_source, unfinished)
     metrics = {"rollout/returned_groups": float(len(unfinished)), "perf/abort_time": abort_s}
+    if args.use_fault_tolerance:
+        metrics["fault/requests_retried"] = float(client.context.retried)
     if keep_fn is not None:
         metrics["rollout/dynamic_sampling/finished_groups"] = float(finished_groups)
         metrics["rollout/dynamic_sampling/kept_groups"] = float(len(groups))

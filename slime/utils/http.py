@@ -130,6 +130,10 @@ class ServerProcess:
     def pid(self) -> int | None:
         return None if self.proc is None else self.proc.pid
 
+    def exit_code(self) -> int | None:
+        """The exit status once the process has exited (negative: the signal that ended it), else None."""
+        return None if self.proc is None else self.proc.poll()
+
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:

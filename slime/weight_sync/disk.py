@@ -54,5 +54,5 @@ class DiskWeightUpdater:
                 shutil.rmtree(old, ignore_errors=True)
         return {"update_weights_bytes": float(num_bytes), "update_weights_time": time.perf_counter() - start}
 
-    def disconnect(self) -> None:
+    def disconnect(self, best_effort: bool = False) -> None:
         self.engine_urls = []

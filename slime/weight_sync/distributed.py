@@ -226,7 +226,9 @@ class DistributedWeightUpdater:
             except Exception as exc:
                 logger.warning("engine %s: destroying weight-update group %s: %s", url, self.group_name, exc)
 
-    def disconnect(self) -> None:
+    def disconnect(self, best_effort: bool = False) -> None:
         if self._is_sender and self.group is not None:
-            self._destroy_on_engines(timeout=60, best_effort=False)
+            if best_effort:  # an engine of the group may be dead: nobody would finish shutting it down
+                abandon_group(self.group)
+            self._destroy_on_engines(timeout=60, best_effort=best_effort)
             self.group = None

@@ -108,5 +108,5 @@ class TensorWeightUpdater:
 
         return wait
 
-    def disconnect(self) -> None:
+    def disconnect(self, best_effort: bool = False) -> None:
         self.engine_url = None

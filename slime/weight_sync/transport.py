@@ -17,7 +17,9 @@ class WeightUpdater(Protocol):
 
     def update(self, weight_version: str) -> dict[str, float]: ...
 
-    def disconnect(self) -> None: ...
+    def disconnect(self, best_effort: bool = False) -> None:
+        """Closes what ``connect`` opened; ``best_effort``: an engine that is gone is only logged."""
+        ...
 
 
 def build_weight_updater(settings: WeightSyncSettings, trainer) -> WeightUpdater:

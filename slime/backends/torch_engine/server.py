@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from slime.backends.torch_engine import protocol, weights
+from slime.backends.torch_engine import faults, protocol, weights
 from slime.backends.torch_engine.engine import TorchEngine
 from slime.backends.torch_engine.protocol import ProtocolError, SamplingParams
 from slime.backends.torch_engine.sampling import RowSampling
@@ -492,6 +492,7 @@ RELEASE_ROUTES: list[tuple[tuple[str, ...], str, Handler, Callable[[protocol.Sgl
 def create_app(engine: TorchEngine) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[ENGINE] = engine
+    faults.install(app)  # the fault-tolerance tests' hook; inactive unless armed
     app[ADMISSION] = Admission(abort_once=engine.release.abort_once)
     routes = ROUTES + [route[:3] for route in RELEASE_ROUTES if route[3](engine.release)]
     for methods, path, handler in routes:

@@ -1,0 +1,111 @@
+"""``--use-fault-tolerance`` on the rollout side: a failed engine is replaced while the run goes on.
+
+``EngineRecovery`` owns the engines' health (``engine_health``) and acts on a failure at once:
+the engine leaves the router (no new request reaches it; the requests it held fail and the
+rollout sends them again, ``generate_utils``), every process of it is stopped and it is started
+again on its own bundles (``EnginePool.restart``). It then waits, STALE and out of the router, for
+the next weight push, which gives it the trainer's weights and version (``TrainingSession``
+reconnects the trainer to the engines' new URLs first); ``weights_pushed`` puts it back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from slime.ray.engine_health import EngineHealth, EngineState, HealthMonitor
+from slime.ray.engines import EnginePool, EngineStartError, engine_problem
+from slime.rollout.errors import EngineFailure
+from slime.rollout.router import Router, RouterError
+
+logger = logging.getLogger(__name__)
+
+
+class EngineRecovery:
+    """Health monitoring and replacement of the engines of one ``EnginePool`` behind one ``Router``."""
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        pool: EnginePool,
+        router: Router,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.pool, self.router, self.clock = pool, router, clock
+        self.timeout_s = args.rollout_health_check_timeout
+        self.engines = [EngineHealth(rank, url) for rank, url in enumerate(pool.urls)]
+        self.monitor = HealthMonitor(
+            self.engines,
+            lambda engine: engine_problem(engine.url, self.pool.exit_codes(engine.rank), self.timeout_s),
+            self._replace,
+            interval_s=args.rollout_health_check_interval,
+            first_wait_s=args.rollout_health_check_first_wait,
+            clock=clock,
+        )
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        self.monitor.start()
+
+    def stop(self) -> None:
+        self.monitor.stop()
+
+    def _replace(self, engine: EngineHealth, reason: str) -> None:
+        """Out of the router, stopped, started again; STALE until the next push (FAILED if it does not
+        come up: the run goes on with the others, and stops when none is left)."""
+        logger.warning("engine %d (%s) %s; restarting it", engine.rank, engine.url, reason)
+        with self._lock:
+            engine.fail(self.clock(), reason)
+        try:
+            self.router.remove_worker(engine.url)
+        except RouterError as exc:  # not listed any more: nothing to take out
+            logger.info("engine %d: %s", engine.rank, exc)
+        with self._lock:
+            engine.restart()
+        try:
+            url = self.pool.restart(engine.rank)
+        except EngineStartError as exc:
+            logger.error("engine %d did not come back: %s", engine.rank, exc)
+            with self._lock:
+                engine.fail(self.clock(), f"{reason}, and its restart failed: {str(exc).splitlines()[0]}")
+            return
+        with self._lock:
+            engine.restarted(url)
+        logger.info("engine %d restarted at %s; it serves again after the next weight push", engine.rank, url)
+
+    def serving_urls(self) -> list[str]:
+        """The engines up now (HEALTHY, or STALE awaiting weights), in rank order: what a push reaches.
+
+        Raises ``EngineFailure`` naming every engine when none is up.
+        """
+        with self._lock:
+            up = [e.url for e in self.engines if e.state in (EngineState.HEALTHY, EngineState.STALE)]
+            if not up:
+                raise EngineFailure(
+                    "no rollout engine is left: "
+                    + "; ".join(f"engine {e.rank} ({e.url}) {e.reason}" for e in self.engines)
+                )
+        return up
+
+    def weights_pushed(self, urls: list[str]) -> list[int]:
+        """After a push to ``urls``: the STALE engines among them rejoin the router; their ranks."""
+        with self._lock:
+            back = [e for e in self.engines if e.state is EngineState.STALE and e.url in urls]
+        for engine in back:
+            self.router.add_worker(engine.url)
+            with self._lock:
+                engine.serve(self.clock())
+            logger.info("engine %d (%s) has the current weights and serves again", engine.rank, engine.url)
+        return [engine.rank for engine in back]
+
+    def counters(self) -> dict[str, float]:
+        """Totals so far: ``fault/engine_restarts`` and ``fault/unhealthy_seconds`` (summed over engines)."""
+        now = self.clock()
+        with self._lock:
+            return {
+                "fault/engine_restarts": float(sum(e.restarts for e in self.engines)),
+                "fault/unhealthy_seconds": sum(e.unhealthy_seconds(now) for e in self.engines),
+            }

@@ -4,6 +4,7 @@ hook, and whole runs with and without ``--use-fault-tolerance``."""
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 import threading
 import time
@@ -145,3 +146,111 @@ def _ignore_errors(fn, *args):
         fn(*args)
     except Exception as exc:  # the engine dies under this request: its connection breaks
         print(f"expected: {exc}", file=sys.stderr)
+
+
+FAST_PROBES = {
+    "use_fault_tolerance": True,
+    "rollout_health_check_interval": "0.5",
+    "rollout_health_check_timeout": "5",
+    "rollout_health_check_first_wait": "0",
+}
+"""Probes twice a second from the start (the defaults wait 300 s first, for large models)."""
+TWO_ENGINES = {"rollout_num_gpus": 2, "actor_num_gpus_per_node": 1, "log_level": "INFO"}
+
+
+def crash_env(tmp_path, name: str, at_request: int) -> dict[str, str]:
+    """One engine of the run (the first to get there) is SIGKILLed at its ``at_request``-th /generate."""
+    return {
+        "SLIME_TORCH_ENGINE_FAULT": f"crash@{at_request}",
+        "SLIME_TORCH_ENGINE_FAULT_ONCE": str(tmp_path / f"{name}.fired"),
+    }
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_killed_engine_stops_a_plain_run_in_one_line_and_a_tolerant_run_goes_on(tiny_run_flags, tmp_path):
+    """4 rollouts of 4 prompts × 2 samples on 2 engines, 4 requests per engine per rollout: the 6th
+    request of an engine comes in rollout 1. Without the flag the run stops there in one line naming
+    the engine, checkpointed; resumed with the flag (and killed again, in its second rollout) it
+    finishes: every rollout full, one restart, every sample generated with the then-current weights."""
+    import torch
+    from test_train_loop import read_events, run_train
+
+    ckpt, tb = tmp_path / "ckpt", tmp_path / "tb"
+    common = ["--save", str(ckpt), "--save-interval", "10"]  # no regular save before the last rollout
+    flags = tiny_run_flags(*common, **TWO_ENGINES, num_rollout=4)
+    result = run_train(flags, exit_code=1, env=crash_env(tmp_path, "first", 6))
+    lines = [line for line in result.stderr.splitlines() if "was killed by SIGKILL" in line]
+    assert len(lines) == 1, result.stderr[-3000:]
+    assert re.search(r"engine \d \(http://[\d.:]+\) was killed by SIGKILL", lines[0]), lines
+    assert "add --use-fault-tolerance" in lines[0] and "Traceback" not in result.stderr
+    saved = int((ckpt / "latest_checkpointed_iteration.txt").read_text())
+    assert saved in (0, 1)  # rollout 1 failed while generating (0 trained) or at its push (1 trained)
+    assert f"checkpointed rollout {saved} before stopping" in result.stderr
+    assert (ckpt / "rollout" / f"data_source_{saved}.json").is_file()
+
+    debug = tmp_path / "rollout_{rollout_id}.pt"
+    flags = tiny_run_flags(
+        *common, "--load", str(ckpt), "--tb-dir", str(tb), "--save-debug-rollout-data", str(debug),
+        **TWO_ENGINES, **FAST_PROBES, num_rollout=4,
+    )  # fmt: skip
+    result = run_train(flags, env=crash_env(tmp_path, "second", 6))
+    assert f"at rollout {saved + 1}" in result.stderr
+    assert "restarting it" in result.stderr and "serves again" in result.stderr
+    scalars = read_events(tb)
+    rollouts = list(range(saved + 1, 4))
+    assert [step for step, _ in scalars["rollout/num_samples"]] == rollouts
+    assert all(value == 8 for _, value in scalars["rollout/num_samples"])
+    assert sum(value for _, value in scalars["fault/engine_restarts"]) == 1
+    for rollout_id in rollouts:  # the weights of rollout k's generation are version k + 1
+        data = torch.load(str(debug).format(rollout_id=rollout_id), weights_only=False)
+        assert len(data["tokens"]) == 8
+        assert {v for versions in data["weight_versions"] for v in versions} == {str(rollout_id + 1)}
+
+
+def wait_for(condition, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"{what}: not within {timeout_s:.0f} s")
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_hung_engine_and_an_erroring_one_are_replaced_and_serve_again_after_a_push(
+    ray_cluster, tiny_run_flags, tmp_path
+):
+    """Detected within interval + timeout, out of the router at once, restarted on the same bundle at
+    a new URL, kept out of the router until the weights were pushed (no trainer here: the push is only
+    announced), then a full rollout on both."""
+    import ray
+    from conftest import running_rollout_manager
+
+    from slime.config import parse_args
+    from slime.rollout.router import list_workers
+
+    probes = {**FAST_PROBES, "rollout_health_check_timeout": "2"}
+    args = parse_args(tiny_run_flags(**TWO_ENGINES, **probes))
+    with running_rollout_manager(args, tmp_path) as (manager, _, router_url):
+
+        def routed() -> list[str]:
+            return sorted(worker["url"] for worker in list_workers(router_url))
+
+        def serving() -> list[str]:
+            return ray.get(manager.serving_engine_urls.remote())
+
+        for rank, mode in ((0, "hang"), (1, "error")):
+            old = serving()[rank]
+            post_json_sync(f"{old}/slime/inject_fault", {"mode": mode, "after_requests": 0})
+            # Out of the router within one interval + one probe timeout (+ slack for a loaded machine).
+            wait_for(lambda old=old: old not in routed(), 0.5 + 2 + 5, f"the {mode} engine taken out")
+            up = wait_for(lambda old=old: len(s := serving()) == 2 and old not in s and s, 120, "a restart")
+            assert up[rank] not in routed()  # stale: it has not received the weights yet
+            assert ray.get(manager.weights_pushed.remote(up)) == [rank]
+            assert routed() == sorted(up)
+        generated = ray.get(manager.generate.remote(0))
+        assert generated["metrics"]["rollout/num_samples"] == 8
+        assert ray.get(manager.engine_urls.remote()) == up

@@ -127,13 +127,16 @@ REQUIRED_SCALARS = (
 )  # fmt: skip
 
 
-def run_train(flags: list[str]) -> subprocess.CompletedProcess:
-    """``train.py`` as a user runs it; afterwards no process it started (Ray, engines, router) is alive."""
+def run_train(
+    flags: list[str], exit_code: int = 0, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``train.py`` as a user runs it (``env`` added to this environment), ending with ``exit_code``;
+    afterwards no process it started (Ray, engines, router) is alive."""
     tag = uuid.uuid4().hex
-    env = {**os.environ, "SLIME_TEST_RUN": tag}
+    env = {**os.environ, **(env or {}), "SLIME_TEST_RUN": tag}
     command = [sys.executable, "train.py", *flags]
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == exit_code, result.stderr[-3000:]
     time.sleep(1)  # processes that were killed a moment ago may still be exiting
     assert not processes_tagged(tag), processes_tagged(tag)
     return result

@@ -171,8 +171,9 @@ def crash_env(tmp_path, name: str, at_request: int) -> dict[str, str]:
 def test_a_killed_engine_stops_a_plain_run_in_one_line_and_a_tolerant_run_goes_on(tiny_run_flags, tmp_path):
     """4 rollouts of 4 prompts × 2 samples on 2 engines, 4 requests per engine per rollout: the 6th
     request of an engine comes in rollout 1. Without the flag the run stops there in one line naming
-    the engine, checkpointed; resumed with the flag (and killed again, in its second rollout) it
-    finishes: every rollout full, one restart, every sample generated with the then-current weights."""
+    the engine, checkpointed; resumed with the flag (and an engine killed again at its 2nd request,
+    in the first rollout) it finishes: every rollout full, one restart, every sample generated with
+    the then-current weights (a restarted engine serving its start-up weights would give "1")."""
     import torch
     from test_train_loop import read_events, run_train
 
@@ -194,9 +195,8 @@ def test_a_killed_engine_stops_a_plain_run_in_one_line_and_a_tolerant_run_goes_o
         *common, "--load", str(ckpt), "--tb-dir", str(tb), "--save-debug-rollout-data", str(debug),
         **TWO_ENGINES, **FAST_PROBES, num_rollout=4,
     )  # fmt: skip
-    result = run_train(flags, env=crash_env(tmp_path, "second", 6))
+    result = run_train(flags, env=crash_env(tmp_path, "second", 2))
     assert f"at rollout {saved + 1}" in result.stderr
-    assert "restarting it" in result.stderr and "serves again" in result.stderr
     scalars = read_events(tb)
     rollouts = list(range(saved + 1, 4))
     assert [step for step, _ in scalars["rollout/num_samples"]] == rollouts

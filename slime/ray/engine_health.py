@@ -109,27 +109,30 @@ class HealthMonitor:
         self.probing_from = clock() + first_wait_s
         self._paused = 0
         self._lock = threading.Lock()
+        self._round = threading.Lock()  # one round at a time: a failure is acted on once
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def tick(self) -> list[EngineHealth]:
-        """Probes the HEALTHY engines once (not while paused, nor before the first wait is over);
-        returns the ones found failed, after ``on_failure`` ran for each."""
-        if self.clock() < self.probing_from:
-            return []
-        with self._lock:
-            if self._paused:
+    def tick(self, force: bool = False) -> list[EngineHealth]:
+        """Probes the HEALTHY engines once (not while paused, nor before the first wait is over, unless
+        ``force``); returns the ones found failed, after ``on_failure`` ran for each. A round under way
+        (a restart, say) is waited for."""
+        with self._round:
+            if not force and self.clock() < self.probing_from:
                 return []
-            failed = []
-            for engine in self.engines:
-                if engine.state is not EngineState.HEALTHY:
-                    continue
-                reason = self.probe(engine)
-                if reason is not None:
-                    failed.append((engine, reason))
-        for engine, reason in failed:
-            self.on_failure(engine, reason)
-        return [engine for engine, _ in failed]
+            with self._lock:
+                if self._paused and not force:
+                    return []
+                failed = []
+                for engine in self.engines:
+                    if engine.state is not EngineState.HEALTHY:
+                        continue
+                    reason = self.probe(engine)
+                    if reason is not None:
+                        failed.append((engine, reason))
+            for engine, reason in failed:
+                self.on_failure(engine, reason)
+            return [engine for engine, _ in failed]
 
     def pause(self) -> None:
         """No probe runs until as many ``resume`` calls; a round under way finishes first."""

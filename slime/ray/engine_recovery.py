@@ -76,6 +76,11 @@ class EngineRecovery:
             engine.restarted(url)
         logger.info("engine %d restarted at %s; it serves again after the next weight push", engine.rank, url)
 
+    def check_now(self) -> None:
+        """One probe round at once (before a push: an engine that died since the last round is
+        restarted now, so this push gives it the weights instead of failing on it)."""
+        self.monitor.tick(force=True)
+
     def serving_urls(self) -> list[str]:
         """The engines up now (HEALTHY, or STALE awaiting weights), in rank order: what a push reaches.
 

@@ -213,6 +213,7 @@ class RolloutManager:
         self.eval_datasets = eval_datasets if eval_datasets is not None else load_eval_datasets(args)
         self.recovery: EngineRecovery | None = None  # --use-fault-tolerance, once the engines are up
         self._generated: int | None = None
+        self._fault_reported: dict[str, float] = {}
         self._kept_id: int | None = None
         self._kept_position = Path(self.log_dir) / "position_kept"
 
@@ -243,7 +244,6 @@ class RolloutManager:
 
     def generate(self, rollout_id: int) -> dict[str, Any]:
         """One rollout as train data (per-sample lists) with its metrics under ``"metrics"``."""
-        before = self.recovery.counters() if self.recovery is not None else {}
         if self.args.save and rollout_id > 0:  # the position after the previous rollout, should this one fail
             self._keep_position(rollout_id - 1)
         with self._failures_named():
@@ -251,8 +251,10 @@ class RolloutManager:
         require_rollout_log_probs(self.args, output.groups)
         data: dict[str, Any] = samples_to_train_data(output.groups, self.args.reward_key)
         metrics = rollout_metrics(output.groups, seconds, self.args.reward_key)
-        if self.recovery is not None:  # what this rollout cost: restarts and time out of service
-            metrics.update({key: value - before[key] for key, value in self.recovery.counters().items()})
+        if self.recovery is not None:  # restarts and time out of service since the last rollout's report
+            now = self.recovery.counters()
+            metrics.update({key: value - self._fault_reported.get(key, 0.0) for key, value in now.items()})
+            self._fault_reported = now
         data[METRICS_KEY] = {**metrics, **output.metrics}
         self._generated = rollout_id
         return data
@@ -282,10 +284,11 @@ class RolloutManager:
             yield
         except EngineFailure:
             raise
-        except Exception:
+        except Exception as error:
             failure = self._engine_failure()
             if failure is None:
                 raise
+            logger.warning("engines failed under this call: %s", str(error).splitlines()[0][:500])
             raise failure from None
 
     def _engine_failure(self) -> EngineFailure | None:
@@ -317,10 +320,14 @@ class RolloutManager:
     def engine_urls(self) -> list[str]:
         return list(self.engines.urls)
 
-    def serving_engine_urls(self) -> list[str]:
+    def serving_engine_urls(self, check: bool = False) -> list[str]:
         """The engines a weight push must reach now: all, or under ``--use-fault-tolerance`` those up
-        (a restarted one included: it gets the weights before it serves)."""
-        return self.recovery.serving_urls() if self.recovery is not None else list(self.engines.urls)
+        (a restarted one included: it gets the weights before it serves); ``check``: probe them first."""
+        if self.recovery is None:
+            return list(self.engines.urls)
+        if check:
+            self.recovery.check_now()
+        return self.recovery.serving_urls()
 
     def weights_pushed(self, urls: list[str]) -> list[int]:
         """After a push to ``urls``: restarted engines among them rejoin the router; their ranks."""

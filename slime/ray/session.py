@@ -179,7 +179,7 @@ class TrainingSession:
     def _follow_restarted_engines(self) -> None:
         """--use-fault-tolerance: a restarted engine has a new URL; the trainer reconnects to the engines
         up before the push (its groups with a dead one are dropped)."""
-        urls = ray.get(self.rollout.serving_engine_urls.remote())
+        urls = ray.get(self.rollout.serving_engine_urls.remote(check=True))
         if urls != self.engine_urls:
             logger.info("engines now at %s; reconnecting the trainer", urls)
             self.engine_urls = urls

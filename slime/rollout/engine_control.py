@@ -12,6 +12,7 @@ Synchronous (control calls, a handful per rollout): async callers use ``asyncio.
 
 from __future__ import annotations
 
+import contextlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -29,12 +30,13 @@ def context_length(urls: list[str]) -> int | None:
     """The smallest context length of the engines at ``urls``: ``max_model_len`` of ``GET /v1/models``,
     the limit SGLang's tokenizer manager checks ``prompt + max_new_tokens`` against (a request over
     it is an HTTP 400; ``entrypoints/http_server.py`` ``available_models``, 0.5.19-0.5.23). None when
-    no engine reports one (a server without the route)."""
+    no engine reports one (a server without the route). An engine that does not answer is left out:
+    it died since the router listed it, and its requests fail (or are sent elsewhere) on their own."""
 
     def one(url: str) -> int | None:
         try:
             cards = get_json(f"{url}/v1/models")["data"]
-        except HttpError:
+        except (HttpError, OSError):
             return None
         lengths = [card["max_model_len"] for card in cards if card.get("max_model_len")]
         return min(lengths, default=None)
@@ -49,16 +51,22 @@ def _each(fn: Any, items: list[Any], max_workers: int | None = None) -> list[Any
         return list(pool.map(fn, items))
 
 
+def _post_unless_gone(url: str, payload: dict[str, Any]) -> None:
+    """An abort to an engine that no longer answers is moot: its requests ended with it."""
+    with contextlib.suppress(OSError):
+        post_json_sync(f"{url}/abort_request", payload)
+
+
 def abort_all(urls: list[str]) -> None:
-    """Aborts every waiting and running request on each engine."""
-    _each(lambda url: post_json_sync(f"{url}/abort_request", {"abort_all": True}), urls)
+    """Aborts every waiting and running request on each engine (still up)."""
+    _each(lambda url: _post_unless_gone(url, {"abort_all": True}), urls)
 
 
 def abort_requests(urls: list[str], rids: list[str]) -> None:
     """Aborts the requests ``rids`` on each engine (``POST /abort_request {"rid"}``, one per rid: the
     route takes one). An engine that does not know a rid ignores it; those that do abort it."""
     pairs = [(url, rid) for url in urls for rid in rids]
-    _each(lambda pair: post_json_sync(f"{pair[0]}/abort_request", {"rid": pair[1]}), pairs, max_workers=32)
+    _each(lambda pair: _post_unless_gone(pair[0], {"rid": pair[1]}), pairs, max_workers=32)
 
 
 def num_requests(url: str) -> int:

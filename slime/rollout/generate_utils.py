@@ -96,11 +96,13 @@ class RolloutContext:
     _sent: int = 0
     _context_length: int | None = None
     _looked_up: bool = False
+    _lookup_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     async def context_length(self) -> int | None:
-        if not self._looked_up and self.context_length_lookup is not None:
-            self._context_length = await asyncio.to_thread(self.context_length_lookup)
-        self._looked_up = True
+        async with self._lookup_lock:  # once per rollout, however many requests start together
+            if not self._looked_up and self.context_length_lookup is not None:
+                self._context_length = await asyncio.to_thread(self.context_length_lookup)
+            self._looked_up = True
         return self._context_length
 
     def new_rid(self) -> str:

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, model_args
 
+from slime.utils.http import free_port
+
 FAMILY_TITLES = (
     "Megatron: model",
     "Megatron: parallelism",
@@ -53,11 +55,29 @@ def test_a_malformed_data_line_is_one_line_and_nothing_starts(tiny_models, tmp_p
     assert len(lines) == 1 and lines[0].startswith(f"error: {data}:2: not valid JSON"), lines
 
 
-def one_rollout_argv(tiny_models, tmp_path, monkeypatch) -> None:
-    """``sys.argv`` of a valid one-rollout ``train.py`` run on one prompt, for ``run_entry_point``."""
+def one_rollout_data(tmp_path: Path) -> Path:
     data = tmp_path / "train.jsonl"
     data.write_text(json.dumps({"input": "abc", "label": "cba"}) + "\n")
-    monkeypatch.setattr(sys, "argv", ["train.py", *one_rollout_flags(tiny_models["qwen2"], data)])
+    return data
+
+
+def one_rollout_argv(tiny_models, tmp_path, monkeypatch, *extra: str) -> None:
+    """``sys.argv`` of a valid one-rollout ``train.py`` run on one prompt, for ``run_entry_point``."""
+    flags = one_rollout_flags(tiny_models["qwen2"], one_rollout_data(tmp_path))
+    monkeypatch.setattr(sys, "argv", ["train.py", *flags, *extra])
+
+
+def test_an_unreachable_ray_address_is_one_line_and_exit_1(tiny_models, tmp_path):
+    """Before, ``ray.init`` retried the address for minutes, a warning every few seconds."""
+    address = f"127.0.0.1:{free_port()}"
+    result = run(
+        *one_rollout_flags(tiny_models["qwen2"], one_rollout_data(tmp_path)), "--ray-address", address
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert f" ERROR slime: --ray-address {address}: no Ray cluster at " in last, result.stderr[-2000:]
+    assert last.endswith("or fix --ray-address; every process of the run was stopped")
 
 
 def test_an_engine_refusal_at_run_time_is_one_line_and_exit_1(tiny_models, tmp_path, monkeypatch, caplog):

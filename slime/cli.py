@@ -2,8 +2,8 @@
 
 Both entry points behave alike for the user: a configuration or data error is one line and exit
 status 2 before anything starts; Ctrl-C (or SIGTERM) stops every process of the run and exits 130;
-a run-time error that names its culprit (an engine, a plugin, the Ray cluster) is one line and
-exit status 1.
+a run-time error that names its culprit (an engine, a plugin, a trainer rank, the Ray cluster) is
+one line and exit status 1.
 The checks that depend on the entry point rather than on the flags alone live here too: a flag
 whose feature has not landed (every entry point) and the overlapped loop's (``train_async.py``).
 """
@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 
 from slime.config import ConfigError, parse_args
-from slime.ray.errors import RayClusterUnreachable
+from slime.ray.errors import RayClusterUnreachable, TrainerFailure
 from slime.rollout.errors import RolloutError
 from slime.rollout.prompt_files import DataError
 from slime.utils.metrics import setup_logging
@@ -26,8 +26,8 @@ logger = logging.getLogger("slime")
 
 Check = Callable[[argparse.Namespace], None]
 
-# Run-time errors whose message is the whole story (they name the engine, plugin or cluster at fault).
-ONE_LINE_RUN_ERRORS = (EngineCallError, RolloutError, RayClusterUnreachable)
+# Run-time errors whose message is the whole story (they name the engine, plugin, rank or cluster at fault).
+ONE_LINE_RUN_ERRORS = (EngineCallError, RolloutError, TrainerFailure, RayClusterUnreachable)
 
 # Flags the parser knows (so scripts written for slime parse) whose implementation has not landed:
 # refusing them beats silently training without them. Each entry: (flag, is it set?, what to do).

@@ -352,6 +352,7 @@ def test_lr_not_required_for_rollout_only(hf: str) -> None:
         (["--over-sampling-batch-size", "2"], "--over-sampling-batch-size", "at least 4"),
         (["--eval-interval", "5"], "--eval-interval", "--eval-prompt-data"),
         (["--save-interval", "5"], "--save-interval", "--save"),
+        (["--trainer-call-timeout", "-5"], "--trainer-call-timeout", "must not be negative"),
         (["--overlap-param-gather"], "--overlap-param-gather", "--use-distributed-optimizer"),
         (["--recompute-granularity", "full"], "--recompute-method", "--recompute-num-layers"),
         (["--lr-warmup-iters", "5", "--lr-warmup-fraction", "0.1"], "--lr-warmup-fraction", "keep one"),

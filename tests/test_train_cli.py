@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, model_args
 
+from slime.config import ConfigError
+from slime.rollout.errors import RolloutError
 from slime.utils.http import free_port
 
 FAMILY_TITLES = (
@@ -78,6 +80,67 @@ def test_an_unreachable_ray_address_is_one_line_and_exit_1(tiny_models, tmp_path
     last = result.stderr.strip().splitlines()[-1]
     assert f" ERROR slime: --ray-address {address}: no Ray cluster at " in last, result.stderr[-2000:]
     assert last.endswith("or fix --ray-address; every process of the run was stopped")
+
+
+def test_a_trainer_failure_is_resumed_from_the_checkpoints_as_often_as_auto_resume_says(
+    tiny_models, tmp_path, monkeypatch, caplog
+):
+    """Each resume loads the run's own latest checkpoint with its optimizer state; the failure after
+    the last one is the run's one-line error."""
+    from slime.cli import run_entry_point
+    from slime.ray.errors import TrainerFailure
+
+    ckpt = str(tmp_path / "ckpt")
+    one_rollout_argv(
+        tiny_models, tmp_path, monkeypatch,
+        "--save", ckpt, "--save-interval", "1", "--auto-resume", "2", "--no-load-optim",
+    )  # fmt: skip
+    message = "trainer rank 1 (node 10.0.0.3) died in TrainerActor.train: killed"
+    loads = []
+
+    def fails(args) -> None:
+        loads.append((args.load, args.no_load_optim))
+        raise TrainerFailure(message)
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_entry_point(fails)
+    assert exit_info.value.code == 1
+    assert loads == [(None, True), (ckpt, False), (ckpt, False)]
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.levelname in ("WARNING", "ERROR")]
+    assert lines == [
+        ("WARNING", f"{message}; resuming from the last checkpoint in {ckpt} (--auto-resume: 1 of 2)"),
+        ("WARNING", f"{message}; resuming from the last checkpoint in {ckpt} (--auto-resume: 2 of 2)"),
+        ("ERROR", f"{message}; every process of the run was stopped"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [(ConfigError("--x", "bad; fix it"), 2), (RolloutError("plugin broke"), 1), (KeyboardInterrupt(), 130)],
+)
+def test_only_trainer_failures_are_resumed(tiny_models, tmp_path, monkeypatch, error, code):
+    from slime.cli import run_entry_point
+
+    one_rollout_argv(
+        tiny_models,
+        tmp_path,
+        monkeypatch,
+        "--save",
+        str(tmp_path),
+        "--save-interval",
+        "1",
+        "--auto-resume",
+        "1",
+    )
+    calls = []
+
+    def fails(args) -> None:
+        calls.append(args.load)
+        raise error
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_entry_point(fails)
+    assert (exit_info.value.code, calls) == (code, [None])
 
 
 def test_an_engine_refusal_at_run_time_is_one_line_and_exit_1(tiny_models, tmp_path, monkeypatch, caplog):

@@ -1,15 +1,26 @@
-"""Trainer failures: a rank that dies, raises or does not answer in time is one line naming it."""
+"""Trainer failures: a rank that dies, raises or does not answer in time is one line naming it, and
+``--auto-resume`` restarts the run from its last checkpoint.
+
+The e2e runs kill the one trainer rank of a tiny ``train.py`` run through the trainer actor's test hook
+(``SLIME_TEST_KILL_TRAINER_AT_ROLLOUT``), which also saves the rollout the rank was given.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 import ray
+import torch
+from test_ray_cluster import write_stale_cluster_file
+from test_train_loop import ONE_PER_SIDE, read_events, run_train
 
 from slime.ray.errors import TrainerFailure
-from slime.ray.trainer_group import wait_for_ranks
+from slime.ray.trainer_group import KILL_AT_ROLLOUT_ENV, KILL_MARKER_ENV, wait_for_ranks
 from slime.weight_sync.engine_client import EngineCallError
 
 NODES = ["10.0.0.2", "10.0.0.3"]
@@ -92,3 +103,56 @@ def test_after_a_failure_the_group_refuses_calls_at_once_and_stops_without_waiti
         assert time.monotonic() - start < 10
     finally:
         release_placement_group(pg)
+
+
+# --- a killed trainer rank in a real run -------------------------------------------------------------
+
+
+def run_with_a_kill(flags: list[str], at_rollout: int, marker: Path, exit_code: int, **env: str):
+    """``train.py`` whose last trainer rank exits at ``at_rollout`` once, saving its rollout to ``marker``."""
+    kill = {KILL_AT_ROLLOUT_ENV: str(at_rollout), KILL_MARKER_ENV: str(marker)}
+    return run_train(flags, exit_code, {**kill, **env})
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_killed_trainer_rank_is_resumed_from_the_last_checkpoint(tiny_run_flags, tmp_path):
+    """``--auto-resume 1``: the rank killed while training rollout 2 costs that rollout only; the resumed
+    session regenerates it exactly (the rollout the rank was given) and finishes the run."""
+    ckpt, tb, marker = tmp_path / "ckpt", tmp_path / "tb", tmp_path / "killed_at_2.pt"
+    flags = tiny_run_flags(
+        "--save", str(ckpt), "--save-interval", "1", "--auto-resume", "1", "--tb-dir", str(tb),
+        "--save-debug-rollout-data", str(tmp_path / "rollout_{rollout_id}.pt"), **ONE_PER_SIDE, num_rollout=3,
+    )  # fmt: skip
+    result = run_with_a_kill(flags, 2, marker, exit_code=0)
+    resumes = [line for line in result.stderr.splitlines() if "--auto-resume: 1 of 1" in line]
+    assert len(resumes) == 1 and "trainer rank 0 (node " in resumes[0], resumes
+    assert "died in TrainerActor.train: " in resumes[0]
+    assert f"; resuming from the last checkpoint in {ckpt} (" in resumes[0]
+    assert f"resumed from {ckpt} at rollout 2" in result.stderr
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "2"
+    assert [step for step, _ in read_events(tb)["train/loss"]] == [0, 1, 2]
+    before = torch.load(marker, weights_only=False)  # what the killed session was training on
+    after = torch.load(tmp_path / "rollout_2.pt", weights_only=False)
+    for key in ("tokens", "response_lengths", "rewards", "loss_masks", "weight_versions"):
+        assert before[key] == after[key], key
+
+
+@pytest.mark.e2e
+def test_a_killed_trainer_rank_stops_the_run_in_one_line(tiny_run_flags, tmp_path):
+    """Without ``--auto-resume``: exit 1 and one line naming the rank, no traceback. The run starts Ray
+    under a stale ``ray_current_cluster`` (as after a ``ray start`` whose cluster died), which it ignores."""
+    ray_tmp = Path(tempfile.mkdtemp(prefix="slime-ray-", dir="/tmp"))  # short: Ray's socket paths
+    try:
+        write_stale_cluster_file(ray_tmp)
+        marker = tmp_path / "killed_at_0.pt"
+        flags = tiny_run_flags(**ONE_PER_SIDE, num_rollout=1)
+        result = run_with_a_kill(flags, 0, marker, exit_code=1, RAY_TMPDIR=str(ray_tmp))
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert marker.exists()  # the rank got as far as training
+    named = [line for line in result.stderr.splitlines() if "trainer rank" in line]
+    assert len(named) == 1, named
+    assert " ERROR slime: trainer rank 0 (node " in named[0] and "died in TrainerActor.train: " in named[0]
+    assert named[0].endswith("; every process of the run was stopped")
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]

@@ -26,6 +26,14 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    """A count where 0 means none (or a limit where 0 means no limit)."""
+    value = _number(int, text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}; pass a value >= 0")
+    return value
+
+
 def non_negative_float(text: str) -> float:
     """A duration where 0 means no limit."""
     value = _number(float, text)

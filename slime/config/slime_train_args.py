@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from slime.config.arg_types import non_negative_float, positive_float, positive_int
+from slime.config.arg_types import non_negative_float, non_negative_int, positive_float, positive_int
 
 ADVANTAGE_ESTIMATORS = (
     "grpo",
@@ -234,6 +234,14 @@ build of a large model take minutes to tens of minutes; an hour without an answe
 
 def add_fault_tolerance_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("slime: fault tolerance (trainer)")
+    g.add_argument(
+        "--auto-resume",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="When a trainer rank dies, raises or hangs, restart the run from the last checkpoint in "
+        "--save (needs --save-interval) up to N times; 0 stops the run at the first such failure.",
+    )
     g.add_argument(
         "--trainer-call-timeout",
         type=non_negative_float,

@@ -9,7 +9,7 @@ class TrainerFailure(RuntimeError):
     """A trainer (or critic) rank died, raised, or did not answer within ``--trainer-call-timeout``.
 
     Its message names the rank(s), their node and the cause in one line. The trainer world is broken
-    after it: the run stops."""
+    after it; ``--auto-resume`` restarts the run from the last checkpoint (``slime.cli``)."""
 
 
 class RayClusterUnreachable(RuntimeError):

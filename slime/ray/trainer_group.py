@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -32,6 +33,24 @@ from slime.weight_sync.engine_client import EngineCallError
 from slime.weight_sync.settings import WeightSyncSettings
 
 logger = logging.getLogger(__name__)
+
+
+KILL_AT_ROLLOUT_ENV = "SLIME_TEST_KILL_TRAINER_AT_ROLLOUT"
+KILL_MARKER_ENV = "SLIME_TEST_KILL_TRAINER_MARKER"
+
+
+def die_once_for_test(rollout_id: int, data: TrainData) -> None:
+    """The fault-tolerance tests' hook: with ``SLIME_TEST_KILL_TRAINER_AT_ROLLOUT=k`` and
+    ``SLIME_TEST_KILL_TRAINER_MARKER=FILE`` in the run's environment, the last rank of the group that
+    trains rollout ``k`` first saves the train data it was given to FILE and exits its process at once,
+    as a killed rank does. An existing FILE disarms it, so the run resumed after it goes on."""
+    marker = os.environ.get(KILL_MARKER_ENV)
+    if os.environ.get(KILL_AT_ROLLOUT_ENV) != str(rollout_id) or not marker or os.path.exists(marker):
+        return
+    import torch
+
+    torch.save(data, marker)
+    os._exit(1)
 
 
 @ray.remote(num_gpus=1)
@@ -71,11 +90,13 @@ class TrainerActor:
         reporting = mpu.get_tensor_model_parallel_rank() == 0 and mpu.get_context_parallel_rank() == 0
         return (dp.rank, log_probs) if log_probs is not None and reporting else None
 
-    def train(self, data: TrainData, update_policy: bool = True) -> list[dict[str, float]]:
-        """``--num-steps-per-rollout`` optimizer steps over one rollout; metrics of every step.
+    def train(self, data: TrainData, rollout_id: int, update_policy: bool = True) -> list[dict[str, float]]:
+        """``--num-steps-per-rollout`` optimizer steps over rollout ``rollout_id``; metrics of every step.
 
         ``update_policy`` False (PPO's ``--num-critic-only-steps`` warm-up) prepares the rollout as usual
         (old/ref log-probs, GAE returns for the critic) but takes no optimizer step."""
+        if self.rank == self.world_size - 1:
+            die_once_for_test(rollout_id, data)
         if self.trainer.memory.offloaded:
             raise RuntimeError("the trainer's memory is offloaded (--colocate); onload it before training")
         with self._memory_region("train_state"):  # Adam's state is created at the first step
@@ -234,10 +255,10 @@ class TrainerGroup:
         check_token_budget(data["tokens"], self.args.max_tokens_per_gpu)
         rollout_id, self.next_rollout = self.next_rollout, self.next_rollout + 1
         if self.critic is None:
-            return self._call("train", ray.put(data))[0]
+            return self._call("train", ray.put(data), rollout_id)[0]
         data = {**data, "values": self.critic.compute_values(data)}
         update_policy = rollout_id >= self.args.num_critic_only_steps
-        actor_metrics = self._call("train", ray.put(data), update_policy)[0]
+        actor_metrics = self._call("train", ray.put(data), rollout_id, update_policy)[0]
         parts = sorted(item for part in self._call("returns") if part for item in part)
         if [position for position, _ in parts] != list(range(len(data["tokens"]))):
             raise RuntimeError(f"GAE returns came back for {len(parts)} of {len(data['tokens'])} samples")

@@ -231,7 +231,8 @@ class TrainerGroup:
             )
         if critic and critic[0] is None and loaded is not None:
             logger.warning("no critic checkpoint to resume: the critic starts from --hf-checkpoint")
-        self.next_rollout = 0 if loaded is None else loaded + 1
+        for group in groups:  # the critic counts the actor's rollouts (its train() gets their ids)
+            group.next_rollout = 0 if loaded is None else loaded + 1
         return loaded
 
     def _call(self, method: str, *args: Any) -> list:

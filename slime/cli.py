@@ -1,7 +1,10 @@
 """The command-line wrapper shared by ``train.py`` and ``train_async.py``: flags, logging, exit codes.
 
 Both entry points behave alike for the user: a configuration or data error is one line and exit
-status 2 before anything starts; Ctrl-C (or SIGTERM) stops every process of the run and exits 130.
+status 2 before anything starts; Ctrl-C (or SIGTERM) stops every process of the run and exits 130;
+a run-time error that names its culprit (an engine, a plugin, a trainer rank, the Ray cluster) is
+one line and exit status 1. With ``--auto-resume N`` a trainer failure restarts the run from its
+last checkpoint, at most N times, before it counts as that error.
 The checks that depend on the entry point rather than on the flags alone live here too: a flag
 whose feature has not landed (every entry point) and the overlapped loop's (``train_async.py``).
 """
@@ -14,6 +17,7 @@ import sys
 from collections.abc import Callable
 
 from slime.config import ConfigError, parse_args
+from slime.ray.errors import RayClusterUnreachable, TrainerFailure
 from slime.rollout.errors import RolloutError
 from slime.rollout.prompt_files import DataError
 from slime.utils.metrics import setup_logging
@@ -23,8 +27,8 @@ logger = logging.getLogger("slime")
 
 Check = Callable[[argparse.Namespace], None]
 
-# Run-time errors whose message is the whole story (they name the engine or the plugin at fault).
-ONE_LINE_RUN_ERRORS = (EngineCallError, RolloutError)
+# Run-time errors whose message is the whole story (they name the engine, plugin, rank or cluster at fault).
+ONE_LINE_RUN_ERRORS = (EngineCallError, RolloutError, TrainerFailure, RayClusterUnreachable)
 
 # Flags the parser knows (so scripts written for slime parse) whose implementation has not landed:
 # refusing them beats silently training without them. Each entry: (flag, is it set?, what to do).
@@ -62,6 +66,30 @@ def one_line_cause(error: BaseException) -> BaseException | None:
     return None
 
 
+def train_resuming(train: Callable[[argparse.Namespace], None], args: argparse.Namespace) -> None:
+    """``train(args)``; on a ``TrainerFailure``, up to ``--auto-resume`` more times from the last
+    checkpoint in ``--save``. The failed run's session has stopped every process; each new call builds
+    a fresh one, which resumes as ``--load`` does (rollout id, data position, sampling seeds)."""
+    resumed = 0
+    while True:
+        try:
+            return train(args)
+        except TrainerFailure as failure:
+            if resumed == args.auto_resume:
+                raise
+            resumed += 1
+            count = f"--auto-resume: {resumed} of {args.auto_resume}"
+            logger.warning("%s; resuming from the last checkpoint in %s (%s)", failure, args.save, count)
+            resume_from_save(args)
+
+
+def resume_from_save(args: argparse.Namespace) -> None:
+    """Points ``--load`` at the run's own latest checkpoint: with its optimizer state, whatever
+    ``--ckpt-step`` or ``--no-load-optim`` chose for the first start, and the critic's beside it."""
+    args.load, args.ckpt_step, args.no_load_optim = args.save, None, False
+    args.critic_load = args.critic_save  # None: <--load>/critic, where the run saves it by default
+
+
 def run_entry_point(train: Callable[[argparse.Namespace], None], *checks: Check) -> None:
     """Parses the flags, runs ``checks`` (entry-point specific, raising ``ConfigError``), then ``train``."""
     args = parse_args()
@@ -69,7 +97,7 @@ def run_entry_point(train: Callable[[argparse.Namespace], None], *checks: Check)
     try:
         for check in (*checks, check_implemented):
             check(args)
-        train(args)
+        train_resuming(train, args)
     except (ConfigError, DataError) as error:  # raised before any process started
         print(error.line(), file=sys.stderr)
         sys.exit(2)

@@ -90,7 +90,9 @@ def ray_cluster():
     import ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_gpus=8, include_dashboard=False, logging_level="warning", log_to_driver=False)
+    ray.init(
+        address="local", num_gpus=8, include_dashboard=False, logging_level="warning", log_to_driver=False
+    )
     yield
     ray.shutdown()
 

@@ -10,6 +10,10 @@ from pathlib import Path
 import pytest
 from conftest import REPO, model_args
 
+from slime.config import ConfigError
+from slime.rollout.errors import RolloutError
+from slime.utils.http import free_port
+
 FAMILY_TITLES = (
     "Megatron: model",
     "Megatron: parallelism",
@@ -53,11 +57,90 @@ def test_a_malformed_data_line_is_one_line_and_nothing_starts(tiny_models, tmp_p
     assert len(lines) == 1 and lines[0].startswith(f"error: {data}:2: not valid JSON"), lines
 
 
-def one_rollout_argv(tiny_models, tmp_path, monkeypatch) -> None:
-    """``sys.argv`` of a valid one-rollout ``train.py`` run on one prompt, for ``run_entry_point``."""
+def one_rollout_data(tmp_path: Path) -> Path:
     data = tmp_path / "train.jsonl"
     data.write_text(json.dumps({"input": "abc", "label": "cba"}) + "\n")
-    monkeypatch.setattr(sys, "argv", ["train.py", *one_rollout_flags(tiny_models["qwen2"], data)])
+    return data
+
+
+def one_rollout_argv(tiny_models, tmp_path, monkeypatch, *extra: str) -> None:
+    """``sys.argv`` of a valid one-rollout ``train.py`` run on one prompt, for ``run_entry_point``."""
+    flags = one_rollout_flags(tiny_models["qwen2"], one_rollout_data(tmp_path))
+    monkeypatch.setattr(sys, "argv", ["train.py", *flags, *extra])
+
+
+def test_an_unreachable_ray_address_is_one_line_and_exit_1(tiny_models, tmp_path):
+    """Before, ``ray.init`` retried the address for minutes, a warning every few seconds."""
+    address = f"127.0.0.1:{free_port()}"
+    result = run(
+        *one_rollout_flags(tiny_models["qwen2"], one_rollout_data(tmp_path)), "--ray-address", address
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert f" ERROR slime: --ray-address {address}: no Ray cluster at " in last, result.stderr[-2000:]
+    assert last.endswith("or fix --ray-address; every process of the run was stopped")
+
+
+def test_a_trainer_failure_is_resumed_from_the_checkpoints_as_often_as_auto_resume_says(
+    tiny_models, tmp_path, monkeypatch, caplog
+):
+    """Each resume loads the run's own latest checkpoint with its optimizer state; the failure after
+    the last one is the run's one-line error."""
+    from slime.cli import run_entry_point
+    from slime.ray.errors import TrainerFailure
+
+    ckpt = str(tmp_path / "ckpt")
+    one_rollout_argv(
+        tiny_models, tmp_path, monkeypatch,
+        "--save", ckpt, "--save-interval", "1", "--auto-resume", "2", "--no-load-optim",
+    )  # fmt: skip
+    message = "trainer rank 1 (node 10.0.0.3) died in TrainerActor.train: killed"
+    loads = []
+
+    def fails(args) -> None:
+        loads.append((args.load, args.no_load_optim))
+        raise TrainerFailure(message)
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_entry_point(fails)
+    assert exit_info.value.code == 1
+    assert loads == [(None, True), (ckpt, False), (ckpt, False)]
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.levelname in ("WARNING", "ERROR")]
+    assert lines == [
+        ("WARNING", f"{message}; resuming from the last checkpoint in {ckpt} (--auto-resume: 1 of 2)"),
+        ("WARNING", f"{message}; resuming from the last checkpoint in {ckpt} (--auto-resume: 2 of 2)"),
+        ("ERROR", f"{message}; every process of the run was stopped"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [(ConfigError("--x", "bad; fix it"), 2), (RolloutError("plugin broke"), 1), (KeyboardInterrupt(), 130)],
+)
+def test_only_trainer_failures_are_resumed(tiny_models, tmp_path, monkeypatch, error, code):
+    from slime.cli import run_entry_point
+
+    one_rollout_argv(
+        tiny_models,
+        tmp_path,
+        monkeypatch,
+        "--save",
+        str(tmp_path),
+        "--save-interval",
+        "1",
+        "--auto-resume",
+        "1",
+    )
+    calls = []
+
+    def fails(args) -> None:
+        calls.append(args.load)
+        raise error
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_entry_point(fails)
+    assert (exit_info.value.code, calls) == (code, [None])
 
 
 def test_an_engine_refusal_at_run_time_is_one_line_and_exit_1(tiny_models, tmp_path, monkeypatch, caplog):

@@ -1,8 +1,8 @@
 """argparse ``type=`` callables shared by the flag families.
 
-A count, size or interval that must be positive says so where the flag is declared: argparse then
-refuses a bad value while parsing, in the one-line ``error: <flag>: ...`` form, before validation
-and before anything starts.
+A count, size or interval that must be positive (or at least 0) says so where the flag is declared:
+argparse then refuses a bad value while parsing, in the one-line ``error: <flag>: ...`` form, before
+validation and before anything starts.
 """
 
 from __future__ import annotations
@@ -23,6 +23,22 @@ def positive_float(text: str) -> float:
     value = _number(float, text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {value}; pass a value > 0")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """A count where 0 means none (or a limit where 0 means no limit)."""
+    value = _number(int, text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}; pass a value >= 0")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """A duration where 0 means no limit."""
+    value = _number(float, text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}; pass a value >= 0")
     return value
 
 

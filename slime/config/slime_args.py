@@ -31,5 +31,6 @@ def add_slime_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     rollout.add_eval_arguments(parser)
     train.add_logging_arguments(parser)
     train.add_checkpoint_arguments(parser)
+    train.add_fault_tolerance_arguments(parser)
     train.add_debug_arguments(parser)
     return parser

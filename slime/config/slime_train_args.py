@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from slime.config.arg_types import positive_float, positive_int
+from slime.config.arg_types import non_negative_float, non_negative_int, positive_float, positive_int
 
 ADVANTAGE_ESTIMATORS = (
     "grpo",
@@ -224,6 +224,31 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("slime: checkpointing")
     g.add_argument(
         "--save-hf", type=str, default=None, help="Directory to export HF safetensors to when saving."
+    )
+
+
+TRAINER_CALL_TIMEOUT_S = 3600.0
+"""Default of ``--trainer-call-timeout``: a rollout's optimizer steps, a checkpoint save or the model
+build of a large model take minutes to tens of minutes; an hour without an answer is a hang."""
+
+
+def add_fault_tolerance_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("slime: fault tolerance (trainer)")
+    g.add_argument(
+        "--auto-resume",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="When a trainer rank dies, raises or hangs, restart the run from the last checkpoint in "
+        "--save (needs --save-interval) up to N times; 0 stops the run at the first such failure.",
+    )
+    g.add_argument(
+        "--trainer-call-timeout",
+        type=non_negative_float,
+        default=TRAINER_CALL_TIMEOUT_S,
+        metavar="SECONDS",
+        help="Seconds one call to the trainer ranks (a rollout's training, a save, the model build) may "
+        "take before the ranks that did not answer are named and the run stops; 0: no limit.",
     )
 
 

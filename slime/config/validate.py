@@ -503,7 +503,8 @@ def _check_moe(args: argparse.Namespace) -> None:
 
 
 def _check_training_options(args: argparse.Namespace) -> None:
-    """Megatron options that need another one: recomputation, the distributed optimizer, warm-up, saving."""
+    """Megatron options that need another one: recomputation, the distributed optimizer, warm-up, saving
+    (and resuming from what is saved)."""
     if args.recompute_granularity == "full" and (
         args.recompute_method is None or args.recompute_num_layers is None
     ):
@@ -519,6 +520,11 @@ def _check_training_options(args: argparse.Namespace) -> None:
         raise ConfigError("--lr-warmup-fraction", "cannot be combined with --lr-warmup-iters; keep one")
     if args.save_interval is not None and args.save is None:
         raise ConfigError("--save-interval", "given without --save; add --save DIR")
+    if args.auto_resume and (args.save is None or args.save_interval is None):
+        missing = "--save DIR --save-interval N" if args.save is None else "--save-interval N"
+        raise ConfigError(
+            "--auto-resume", f"resumes from the checkpoints in --save and needs them; add {missing}"
+        )
 
 
 def _check_weight_sync(args: argparse.Namespace) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -17,6 +18,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from slime.ray.critic import critic_gpus
+from slime.ray.errors import RayClusterUnreachable
 from slime.utils.device import has_gpu
 
 
@@ -44,16 +46,66 @@ def total_gpus(args: argparse.Namespace) -> int:
 
 
 def start_ray(args: argparse.Namespace) -> None:
-    """Joins ``--ray-address`` or starts a local cluster (with logical GPUs when there are none)."""
+    """Joins ``--ray-address`` (else ``RAY_ADDRESS``, which ``ray job submit`` sets) or starts a cluster
+    of the run's own (with logical GPUs when there are none).
+
+    A cluster of its own is started as ``address="local"``: a bare ``ray.init()`` would join the
+    cluster a past ``ray start`` recorded in ``ray_current_cluster`` in Ray's temp dir, which stays
+    there after that cluster dies without ``ray stop``."""
     if ray.is_initialized():
         return
-    if args.ray_address:
-        ray.init(address=args.ray_address)
+    flag, address = "--ray-address", args.ray_address
+    if not address:
+        flag, address = "RAY_ADDRESS", os.environ.get("RAY_ADDRESS")
+    if address:
+        check_reachable(address, flag)
+        ray.init(address=address)
         return
     # Token auth guards shared clusters; a cluster this process starts for itself needs none.
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     num_gpus = None if has_gpu() else total_gpus(args)
-    ray.init(num_gpus=num_gpus, include_dashboard=False, logging_level="warning", log_to_driver=True)
+    ray.init(
+        address="local",
+        num_gpus=num_gpus,
+        include_dashboard=False,
+        logging_level="warning",
+        log_to_driver=True,
+    )
+
+
+RAY_CONNECT_TIMEOUT_S = 10.0
+"""How long a cluster's GCS port may take to accept a connection: ``ray.init`` itself retries an
+address that does not answer for minutes, printing a warning every few seconds."""
+
+
+def check_reachable(address: str, flag: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
+    """Raises ``RayClusterUnreachable``, one line naming ``flag`` and ``address``, unless the GCS port of
+    the cluster there (``host:port``, ``auto`` or ``ray://host:port``) accepts a connection."""
+    fix = f"start the cluster (bash scripts/ray_cluster.sh head) or fix {flag}"
+    try:
+        host, port = _gcs_host_port(address)
+    except (ConnectionError, ValueError) as e:  # "auto" found no cluster; not HOST:PORT
+        raise RayClusterUnreachable(f"{flag} {address}: {str(e).splitlines()[0]}; {fix}") from e
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as e:  # refused, unknown host, no answer
+        reason = f"no answer within {timeout_s:g} s" if isinstance(e, TimeoutError) else e.strerror or str(e)
+        raise RayClusterUnreachable(
+            f"{flag} {address}: no Ray cluster at {host}:{port} ({reason}); {fix}"
+        ) from e
+
+
+def _gcs_host_port(address: str) -> tuple[str, int]:
+    """Where the cluster's GCS listens, as ``ray.init`` resolves ``address`` (``auto``: ``RAY_ADDRESS``,
+    then the cluster ``ray start`` recorded on this node)."""
+    if "://" in address:  # Ray Client: its server's port
+        target = address.split("://", 1)[1]
+    else:
+        from ray._private.services import canonicalize_bootstrap_address_or_die
+
+        target = canonicalize_bootstrap_address_or_die(address)
+    host, _, port = target.rpartition(":")
+    return host.strip("[]"), int(port)
 
 
 def create_placement_group(num_bundles: int) -> PlacementGroup:

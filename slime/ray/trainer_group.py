@@ -3,6 +3,10 @@
 The driver puts a rollout's samples into the object store once; every rank fetches it and keeps the
 data-parallel shard it owns, with the policy loss's inputs (``slime.backends.megatron.policy_inputs``),
 so the driver never needs to know how Megatron orders ranks. The actor itself is only process wiring.
+
+Every call waits on all ranks together, bounded by ``--trainer-call-timeout``: the first rank that dies
+or raises stops the wait (the others may be blocked in a collective with it) as a ``TrainerFailure``
+naming that rank, its node and the cause; a timeout names the ranks that did not answer.
 """
 
 from __future__ import annotations
@@ -10,6 +14,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
+import time
+from collections.abc import Sequence
 from typing import Any
 
 import ray
@@ -19,12 +26,31 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from slime.backends.megatron.batching import TrainData, check_token_budget
 from slime.backends.megatron.policy_inputs import DataParallel, PolicyInputs, step_shard
 from slime.ray.cluster import actor_gpus
+from slime.ray.errors import TrainerFailure
 from slime.utils.device import worker_env
 from slime.utils.http import free_port
 from slime.weight_sync.engine_client import EngineCallError
 from slime.weight_sync.settings import WeightSyncSettings
 
 logger = logging.getLogger(__name__)
+
+
+KILL_AT_ROLLOUT_ENV = "SLIME_TEST_KILL_TRAINER_AT_ROLLOUT"
+KILL_MARKER_ENV = "SLIME_TEST_KILL_TRAINER_MARKER"
+
+
+def die_once_for_test(rollout_id: int, data: TrainData) -> None:
+    """The fault-tolerance tests' hook: with ``SLIME_TEST_KILL_TRAINER_AT_ROLLOUT=k`` and
+    ``SLIME_TEST_KILL_TRAINER_MARKER=FILE`` in the run's environment, the last rank of the group that
+    trains rollout ``k`` first saves the train data it was given to FILE and exits its process at once,
+    as a killed rank does. An existing FILE disarms it, so the run resumed after it goes on."""
+    marker = os.environ.get(KILL_MARKER_ENV)
+    if os.environ.get(KILL_AT_ROLLOUT_ENV) != str(rollout_id) or not marker or os.path.exists(marker):
+        return
+    import torch
+
+    torch.save(data, marker)
+    os._exit(1)
 
 
 @ray.remote(num_gpus=1)
@@ -37,9 +63,11 @@ class TrainerActor:
         self.updater = None
         self.policy_inputs: PolicyInputs | None = None
 
+    def node_ip(self) -> str:
+        return ray.util.get_node_ip_address()
+
     def rendezvous_address(self) -> tuple[str, int]:
-        address = ray.util.get_node_ip_address()
-        return address, free_port()
+        return self.node_ip(), free_port()
 
     def init(self, master_addr: str, master_port: int) -> int | None:
         """Builds the model from ``--hf-checkpoint``, resumes ``--load``; returns the loaded rollout id."""
@@ -62,11 +90,13 @@ class TrainerActor:
         reporting = mpu.get_tensor_model_parallel_rank() == 0 and mpu.get_context_parallel_rank() == 0
         return (dp.rank, log_probs) if log_probs is not None and reporting else None
 
-    def train(self, data: TrainData, update_policy: bool = True) -> list[dict[str, float]]:
-        """``--num-steps-per-rollout`` optimizer steps over one rollout; metrics of every step.
+    def train(self, data: TrainData, rollout_id: int, update_policy: bool = True) -> list[dict[str, float]]:
+        """``--num-steps-per-rollout`` optimizer steps over rollout ``rollout_id``; metrics of every step.
 
         ``update_policy`` False (PPO's ``--num-critic-only-steps`` warm-up) prepares the rollout as usual
         (old/ref log-probs, GAE returns for the critic) but takes no optimizer step."""
+        if self.rank == self.world_size - 1:
+            die_once_for_test(rollout_id, data)
         if self.trainer.memory.offloaded:
             raise RuntimeError("the trainer's memory is offloaded (--colocate); onload it before training")
         with self._memory_region("train_state"):  # Adam's state is created at the first step
@@ -170,6 +200,9 @@ class TrainerGroup:
         self.args = args
         self.critic = critic
         self.next_rollout = 0
+        self.role = "critic" if args.loss_type == "value_loss" else "trainer"  # the name errors give it
+        self.nodes: list[str] = []  # each rank's node IP, once it answered
+        self.failed = False  # a rank died, raised or went silent: the world cannot close cleanly
         world_size = len(bundle_indices)
         env = {"runtime_env": {"env_vars": worker_env(processes_per_node=world_size)}}
         self.actors = [
@@ -187,9 +220,10 @@ class TrainerGroup:
         groups = [self, self.critic] if self.critic is not None else [self]
         pending = []
         for group in groups:  # both worlds build at the same time
-            addr, port = ray.get(group.actors[0].rendezvous_address.remote())
+            group.nodes = group._call("node_ip")
+            addr, port = group._wait("rendezvous_address", [group.actors[0].rendezvous_address.remote()])[0]
             pending.append([actor.init.remote(addr, port) for actor in group.actors])
-        loaded, *critic = (ray.get(refs)[0] for refs in pending)  # every rank's init is awaited
+        loaded, *critic = (group._wait("init", refs)[0] for group, refs in zip(groups, pending, strict=True))
         if critic and critic[0] is not None and critic[0] != loaded:
             raise RuntimeError(
                 f"the actor resumed at rollout {loaded} but the critic at {critic[0]}; "
@@ -197,21 +231,35 @@ class TrainerGroup:
             )
         if critic and critic[0] is None and loaded is not None:
             logger.warning("no critic checkpoint to resume: the critic starts from --hf-checkpoint")
-        self.next_rollout = 0 if loaded is None else loaded + 1
+        for group in groups:  # the critic counts the actor's rollouts (its train() gets their ids)
+            group.next_rollout = 0 if loaded is None else loaded + 1
         return loaded
 
     def _call(self, method: str, *args: Any) -> list:
-        return ray.get([getattr(actor, method).remote(*args) for actor in self.actors])
+        """``method`` on every rank; their results in rank order. Refused at once after a failure: the
+        survivors may be stuck in a collective, and a call (the checkpoint of a stopping run) would
+        wait out the timeout."""
+        if self.failed:
+            raise TrainerFailure(f"the {self.role} ranks failed before; TrainerActor.{method} cannot run")
+        return self._wait(method, [getattr(actor, method).remote(*args) for actor in self.actors])
+
+    def _wait(self, method: str, refs: list[ray.ObjectRef]) -> list:
+        call = f"TrainerActor.{method}"
+        try:
+            return wait_for_ranks(refs, call, self.args.trainer_call_timeout, self.role, self.nodes)
+        except TrainerFailure:
+            self.failed = True
+            raise
 
     def train(self, data: TrainData) -> list[dict[str, float]]:
         """Trains on one rollout; returns rank 0's per-step metrics (already reduced over the world)."""
         check_token_budget(data["tokens"], self.args.max_tokens_per_gpu)
         rollout_id, self.next_rollout = self.next_rollout, self.next_rollout + 1
         if self.critic is None:
-            return self._call("train", ray.put(data))[0]
+            return self._call("train", ray.put(data), rollout_id)[0]
         data = {**data, "values": self.critic.compute_values(data)}
         update_policy = rollout_id >= self.args.num_critic_only_steps
-        actor_metrics = self._call("train", ray.put(data), update_policy)[0]
+        actor_metrics = self._call("train", ray.put(data), rollout_id, update_policy)[0]
         parts = sorted(item for part in self._call("returns") if part for item in part)
         if [position for position, _ in parts] != list(range(len(data["tokens"]))):
             raise RuntimeError(f"GAE returns came back for {len(parts)} of {len(data['tokens'])} samples")
@@ -264,15 +312,8 @@ class TrainerGroup:
 
     def update_weights(self, weight_version: str) -> dict[str, float]:
         """Pushes the current weights to every engine; bytes summed over the senders (one per PP stage).
-
-        An engine's refusal is raised as the ``EngineCallError`` itself (one line naming the engine),
-        not wrapped in the Ray task error of the rank that sent."""
-        try:
-            results = [r for r in self._call("update_weights", weight_version) if r]
-        except ray.exceptions.RayTaskError as exc:
-            if isinstance(exc.cause, EngineCallError):
-                raise exc.cause from None
-            raise
+        An engine's refusal is raised as its ``EngineCallError``."""
+        results = [r for r in self._call("update_weights", weight_version) if r]
         if not results:
             return {}
         return {
@@ -281,14 +322,80 @@ class TrainerGroup:
         }
 
     def shutdown(self) -> None:
-        """Closes the process groups and kills the actors (the critic's too); safe to call twice."""
+        """Closes the process groups and kills the actors (the critic's too); safe to call twice.
+
+        After a failure the surviving ranks may be blocked in a collective with the failed one, behind
+        which ``close`` would queue: they are killed at once."""
         if self.critic is not None:
             self.critic.shutdown()
         if not self.actors:
             return
         # Best effort: the actors may already be dead or stuck; they are killed right after.
         with contextlib.suppress(Exception):
-            ray.get([actor.close.remote() for actor in self.actors], timeout=60)
+            if not self.failed:
+                ray.get([actor.close.remote() for actor in self.actors], timeout=60)
         for actor in self.actors:
             ray.kill(actor)
         self.actors = []
+
+
+def wait_for_ranks(
+    refs: list[ray.ObjectRef], call: str, timeout_s: float, role: str = "trainer", nodes: Sequence[str] = ()
+) -> list:
+    """The results of ``call`` on every rank (``refs[rank]``), in rank order, or the first failure.
+
+    The first rank that dies or raises is a ``TrainerFailure`` at once, whatever the others do: they
+    may be blocked in a collective with it. The ranks still silent after ``timeout_s`` (0: no limit)
+    are named in one. An engine's refusal (a weight push) is raised as its own ``EngineCallError``,
+    not wrapped in the task error of the rank that sent it. ``nodes[rank]``: the rank's node IP."""
+    deadline = time.monotonic() + timeout_s if timeout_s else None
+    rank_of = {ref: rank for rank, ref in enumerate(refs)}
+    results: list = [None] * len(refs)
+    pending = list(refs)
+    while pending:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+        if not ready:
+            silent = sorted(rank_of[ref] for ref in pending)
+            raise TrainerFailure(
+                f"{role} ranks {silent} did not answer {call} within {timeout_s:g} s "
+                "(--trainer-call-timeout); raise it if one call may take longer"
+            )
+        rank = rank_of[ready[0]]
+        try:
+            results[rank] = ray.get(ready[0])
+        except ray.exceptions.RayTaskError as exc:
+            if isinstance(exc.cause, EngineCallError):
+                raise exc.cause from None
+            raise _rank_failure(f"raised in {call}: {_task_cause(exc)}", exc, role, rank, nodes) from None
+        except ray.exceptions.RayActorError as exc:
+            raise _rank_failure(f"died in {call}: {_death_cause(exc)}", exc, role, rank, nodes) from None
+    return results
+
+
+def _rank_failure(what: str, exc: Exception, role: str, rank: int, nodes: Sequence[str]) -> TrainerFailure:
+    """One line: the rank, its node, ``what``; Ray's whole text (a raising rank's traceback) goes to DEBUG."""
+    logger.debug("%s rank %d failed: %s", role, rank, exc)
+    node = nodes[rank] if rank < len(nodes) else "not known yet"
+    return TrainerFailure(f"{role} rank {rank} (node {node}) {what}")
+
+
+def _task_cause(exc: ray.exceptions.RayTaskError) -> str:
+    """``Type: message`` of the exception a rank raised, its first line."""
+    cause = exc.cause
+    text = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {text[0]}" if text else type(cause).__name__
+
+
+# Where Ray's text on a dead actor stops saying what happened and starts listing what might have.
+_DEATH_TEXT_ENDS = (" Some common causes", " There are some potential root causes")
+
+
+def _death_cause(exc: ray.exceptions.RayActorError) -> str:
+    """What Ray says of a dead rank's process, in one line: the sentence after its actor's fields."""
+    lines = [line for line in str(exc).splitlines() if line.strip() and not line.startswith("\t")]
+    base = ray.exceptions.ActorDiedError.BASE_ERROR_MSG
+    text = next((line for line in lines if line != base), base)
+    for end in _DEATH_TEXT_ENDS:
+        text = text.split(end)[0]
+    return text.strip().rstrip(".")

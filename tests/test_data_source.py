@@ -268,3 +268,25 @@ def test_num_epoch_gives_whole_rollouts_of_the_prompts_and_names_what_to_pass() 
         rollouts_for_epochs(list(range(3)), 1, 4)
     with pytest.raises(ConfigError, match="has no length"):
         rollouts_for_epochs(object(), 1, 4)
+
+
+def test_the_position_kept_before_a_rollout_is_what_a_stopped_run_checkpoints(tmp_path):
+    """A run that stops in rollout 1 checkpoints rollout 0 with the position after rollout 0's prompts,
+    not after what rollout 1 had drawn when it failed; stopped right after rollout 1 (at its push), the
+    current position is rollout 1's."""
+    from slime.rollout.data_source import KeptPositions
+
+    data = source(tmp_path, n=6)
+    kept = KeptPositions(data, tmp_path / "kept")
+    assert prompts_of(data.get_samples(2)) == ["q0", "q1"]  # rollout 0
+    kept.keep(0)  # rollout 1 begins
+    assert prompts_of(data.get_samples(2)) == ["q2", "q3"]
+    kept.save_after(0, tmp_path / "ckpt")
+    resumed = source(tmp_path, n=6)
+    assert resumed.load(0, tmp_path / "ckpt")
+    assert prompts_of(resumed.get_samples(2)) == ["q2", "q3"]  # rollout 1 again
+    kept.generated = 1
+    kept.save_after(1, tmp_path / "ckpt")
+    assert resumed.load(1, tmp_path / "ckpt") and prompts_of(resumed.get_samples(2)) == ["q4", "q5"]
+    with pytest.raises(RuntimeError, match="no data position after rollout 3"):
+        kept.save_after(3, tmp_path / "ckpt")

@@ -29,6 +29,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from slime.backends import resolve_backend
 from slime.backends.engine_server import EngineServer, start_engine_server
 from slime.ray.cluster import BundleLocation, actor_gpus, by_node_and_gpu, locate_bundles
+from slime.rollout.errors import EngineFailure
 from slime.utils.http import HttpError, ServerStartError, free_port, get_json, post_json_sync, request_json
 from slime.weight_sync.settings import WeightSyncSettings
 
@@ -69,6 +70,24 @@ def engine_problem(url: str, exit_codes: list[int | str | None], timeout_s: floa
             return f"did not answer GET /health_generate within {timeout_s:.0f} s"
         return f"refused GET /health_generate ({exc.reason})"
     return None
+
+
+def engine_failure(pool: EnginePool, timeout_s: float, recovering: bool) -> EngineFailure | None:
+    """The engines of ``pool`` that are down, as one ``EngineFailure`` line (None: all answer):
+    each engine, how it ended or what it answered, and what to do."""
+    problems = [
+        f"engine {rank} ({url}) {problem}"
+        for rank, url in enumerate(pool.urls)
+        if (problem := engine_problem(url, pool.exit_codes(rank), timeout_s)) is not None
+    ]
+    if not problems:
+        return None
+    fix = (
+        "the run stops (no engine recovered in time)"
+        if recovering
+        else "add --use-fault-tolerance to restart failed engines and retry their requests"
+    )
+    return EngineFailure(f"{'; '.join(problems)}; {fix}")
 
 
 def external_engine_url(addr: str, weight_sync: WeightSyncSettings) -> str:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -38,8 +37,8 @@ import ray
 from ray.util.placement_group import PlacementGroup
 
 from slime.ray.engine_recovery import EngineRecovery
-from slime.ray.engines import DEFAULT_START_TIMEOUT_S, EnginePool, engine_problem
-from slime.rollout.data_source import DataSource, make_data_source
+from slime.ray.engines import DEFAULT_START_TIMEOUT_S, EnginePool, engine_failure
+from slime.rollout.data_source import DataSource, KeptPositions, make_data_source
 from slime.rollout.errors import EngineFailure, RolloutError
 from slime.rollout.output import RolloutOutput
 from slime.rollout.prompt_files import PromptFormat, load_prompts
@@ -212,10 +211,8 @@ class RolloutManager:
         self.rollout_fn = RolloutFunction(args.rollout_function_path)
         self.eval_datasets = eval_datasets if eval_datasets is not None else load_eval_datasets(args)
         self.recovery: EngineRecovery | None = None  # --use-fault-tolerance, once the engines are up
-        self._generated: int | None = None
         self._fault_reported: dict[str, float] = {}
-        self._kept_id: int | None = None
-        self._kept_position = Path(self.log_dir) / "position_kept"
+        self.positions = KeptPositions(self.data_source, Path(self.log_dir) / "position_kept")
 
     def start(self, timeout_s: float = DEFAULT_START_TIMEOUT_S) -> tuple[list[str], str | None]:
         """Starts the router and the engines and registers every engine; ``(engine URLs, router URL)``.
@@ -245,7 +242,7 @@ class RolloutManager:
     def generate(self, rollout_id: int) -> dict[str, Any]:
         """One rollout as train data (per-sample lists) with its metrics under ``"metrics"``."""
         if self.args.save and rollout_id > 0:  # the position after the previous rollout, should this one fail
-            self._keep_position(rollout_id - 1)
+            self.positions.keep(rollout_id - 1)
         with self._failures_named():
             output, seconds = self.rollout_fn(self.args, rollout_id, self.data_source)
         require_rollout_log_probs(self.args, output.groups)
@@ -256,25 +253,12 @@ class RolloutManager:
             metrics.update({key: value - self._fault_reported.get(key, 0.0) for key, value in now.items()})
             self._fault_reported = now
         data[METRICS_KEY] = {**metrics, **output.metrics}
-        self._generated = rollout_id
+        self.positions.generated = rollout_id
         return data
 
-    def _keep_position(self, rollout_id: int) -> None:
-        """The data source's position after ``rollout_id``, saved aside (``save_position_after``)."""
-        shutil.rmtree(self._kept_position, ignore_errors=True)
-        self.data_source.save(rollout_id, self._kept_position)
-        self._kept_id = rollout_id
-
     def save_position_after(self, rollout_id: int) -> None:
-        """Saves the position after ``rollout_id`` to ``--save`` when the run stops between two
-        checkpoints: the one kept aside when the next rollout began, or the current one when
-        ``rollout_id`` was the last generated."""
-        if self._kept_id == rollout_id:
-            shutil.copytree(self._kept_position, self.args.save, dirs_exist_ok=True)
-        elif self._generated == rollout_id:
-            self.data_source.save(rollout_id, self.args.save)
-        else:
-            raise RuntimeError(f"no data position after rollout {rollout_id} was kept")
+        """The data position after ``rollout_id`` to ``--save``, for a run that stops between checkpoints."""
+        self.positions.save_after(rollout_id, self.args.save)
 
     @contextlib.contextmanager
     def _failures_named(self):
@@ -285,27 +269,13 @@ class RolloutManager:
         except EngineFailure:
             raise
         except Exception as error:
-            failure = self._engine_failure()
+            failure = engine_failure(
+                self.engines, self.args.rollout_health_check_timeout, self.recovery is not None
+            )
             if failure is None:
                 raise
             logger.warning("engines failed under this call: %s", str(error).splitlines()[0][:500])
             raise failure from None
-
-    def _engine_failure(self) -> EngineFailure | None:
-        timeout = self.args.rollout_health_check_timeout
-        problems = [
-            f"engine {rank} ({url}) {problem}"
-            for rank, url in enumerate(self.engines.urls)
-            if (problem := engine_problem(url, self.engines.exit_codes(rank), timeout)) is not None
-        ]
-        if not problems:
-            return None
-        fix = (
-            "the run stops (no engine recovered in time)"
-            if self.recovery is not None
-            else "add --use-fault-tolerance to restart failed engines and retry their requests"
-        )
-        return EngineFailure(f"{'; '.join(problems)}; {fix}")
 
     def eval(self, rollout_id: int) -> dict[str, float]:
         """Scores the ``--eval-prompt-data`` sets with the current weights; ``eval/<name>`` metrics."""

@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import random
+import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -268,3 +269,31 @@ class PromptDataSource:
             raise DataError(f"{path}: not valid JSON ({e.msg}); delete it to restart the data order") from e
         self.load_state_dict(state)
         return True
+
+
+class KeptPositions:
+    """The data position after the previous rollout, kept aside while the next one draws its prompts,
+    so a run that stops in a rollout (an engine died) can checkpoint the one before (``--save``).
+
+    ``keep(k)`` saves the source's position after rollout ``k`` into ``directory`` (whatever files its
+    ``save`` writes); ``save_after(k, target)`` copies them into the checkpoint, or saves the current
+    position when ``k`` was the last rollout generated (``generated``).
+    """
+
+    def __init__(self, data_source: DataSource, directory: str | os.PathLike[str]) -> None:
+        self.data_source, self.directory = data_source, Path(directory)
+        self.kept: int | None = None
+        self.generated: int | None = None
+
+    def keep(self, rollout_id: int) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
+        self.data_source.save(rollout_id, self.directory)
+        self.kept = rollout_id
+
+    def save_after(self, rollout_id: int, target: str | os.PathLike[str]) -> None:
+        if self.kept == rollout_id:
+            shutil.copytree(self.directory, target, dirs_exist_ok=True)
+        elif self.generated == rollout_id:
+            self.data_source.save(rollout_id, target)
+        else:
+            raise RuntimeError(f"no data position after rollout {rollout_id} was kept")

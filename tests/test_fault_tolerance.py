@@ -169,7 +169,7 @@ def crash_env(tmp_path, name: str, at_request: int) -> dict[str, str]:
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_a_killed_engine_stops_a_plain_run_in_one_line_and_a_tolerant_run_goes_on(tiny_run_flags, tmp_path):
-    """4 rollouts of 4 prompts × 2 samples on 2 engines, 4 requests per engine per rollout: the 6th
+    """Rollouts of 4 prompts × 2 samples on 2 engines, 4 requests per engine per rollout: the 6th
     request of an engine comes in rollout 1. Without the flag the run stops there in one line naming
     the engine, checkpointed; resumed with the flag (and an engine killed again at its 2nd request,
     in the first rollout) it finishes: every rollout full, one restart, every sample generated with
@@ -193,12 +193,12 @@ def test_a_killed_engine_stops_a_plain_run_in_one_line_and_a_tolerant_run_goes_o
     debug = tmp_path / "rollout_{rollout_id}.pt"
     flags = tiny_run_flags(
         *common, "--load", str(ckpt), "--tb-dir", str(tb), "--save-debug-rollout-data", str(debug),
-        **TWO_ENGINES, **FAST_PROBES, num_rollout=4,
+        **TWO_ENGINES, **FAST_PROBES, num_rollout=saved + 3,
     )  # fmt: skip
     result = run_train(flags, env=crash_env(tmp_path, "second", 2))
     assert f"at rollout {saved + 1}" in result.stderr
     scalars = read_events(tb)
-    rollouts = list(range(saved + 1, 4))
+    rollouts = [saved + 1, saved + 2]  # the kill in the first, the restarted engine serving in the second
     assert [step for step, _ in scalars["rollout/num_samples"]] == rollouts
     assert all(value == 8 for _, value in scalars["rollout/num_samples"])
     assert sum(value for _, value in scalars["fault/engine_restarts"]) == 1

@@ -183,7 +183,7 @@ def test_num_epoch_alone_sets_the_number_of_rollouts_from_the_data(tiny_run_flag
     schedule (before, --num-epoch without --num-rollout crashed after every process had started)."""
     tb = tmp_path / "tb"
     flags = tiny_run_flags(
-        "--tb-dir", str(tb), **LOOP, lr_decay_style="linear", num_rollout=None, num_epoch=1
+        "--tb-dir", str(tb), **ONE_PER_SIDE, lr_decay_style="linear", num_rollout=None, num_epoch=1
     )
     result = run_train(flags)
     assert "--num-epoch 1: 2 rollouts" in result.stderr
@@ -204,7 +204,7 @@ def test_a_text_form_generate_trains_and_evaluates(tiny_run_flags, tmp_path):
         "--custom-generate-function-path", f"{plugins}:text_generate",
         "--custom-rm-path", f"{plugins}:first_letter_reward",
         "--eval-prompt-data", "chat", str(prompts), "--eval-input-key", "messages", "--eval-interval", "1",
-        **LOOP, prompt_data=prompts, rm_type=None, num_rollout=1, rollout_batch_size=2,
+        **ONE_PER_SIDE, prompt_data=prompts, rm_type=None, num_rollout=1, rollout_batch_size=2,
     )  # fmt: skip
     run_train(flags)
     scalars = read_events(tb)

@@ -12,6 +12,7 @@ import time
 import aiohttp
 import pytest
 from aiohttp import web
+from conftest import with_http_server
 
 from slime.ray.engine_health import EngineHealth, EngineState, HealthMonitor
 from slime.ray.engines import engine_problem
@@ -83,14 +84,7 @@ def test_a_request_an_engine_failed_is_sent_again_and_a_bad_one_is_not():
             return web.json_response({"error": "upstream died"}, status=502)
         return web.json_response({"ok": True})
 
-    async def run():
-        app = web.Application()
-        app.router.add_post("/generate", generate)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        url = f"http://127.0.0.1:{runner.addresses[0][1]}/generate"
+    async def run(url: str):
         async with aiohttp.ClientSession() as session:
             context = RolloutContext(session, retries=3, retry_wait_s=0.01)
             assert await _post_with_retries(context, url, {"input_ids": [1]}) == {"ok": True}
@@ -103,9 +97,8 @@ def test_a_request_an_engine_failed_is_sent_again_and_a_bad_one_is_not():
             no_retry = RolloutContext(session, retries=0)
             with pytest.raises(HttpError, match="HTTP 502"):
                 await _post_with_retries(no_retry, url, {"input_ids": [1]})
-        await runner.cleanup()
 
-    asyncio.run(run())
+    asyncio.run(with_http_server("/generate", generate, run))
 
 
 @pytest.mark.e2e

@@ -11,6 +11,7 @@ import textwrap
 from argparse import Namespace
 
 import pytest
+from conftest import with_http_server
 
 from slime.rollout.rewards import (
     RewardError,
@@ -198,23 +199,6 @@ def test_unloadable_custom_rm_is_a_configuration_error():
         run(score_groups(rm_args(custom_rm_path="no_such_module.fn"), groups_of(["a"])))
 
 
-async def _with_server(handler, body):
-    """Start an aiohttp reward server on 127.0.0.1 (free port), run ``body(url)``, stop the server."""
-    from aiohttp import web
-
-    app = web.Application()
-    app.router.add_post("/reward", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        return await body(f"http://127.0.0.1:{port}/reward")
-    finally:
-        await runner.cleanup()
-
-
 def test_remote_rm_posts_the_sample_and_reads_both_reply_shapes():
     from aiohttp import web
 
@@ -239,7 +223,7 @@ def test_remote_rm_posts_the_sample_and_reads_both_reply_shapes():
         await score_groups(rm_args(rm_type="remote", rm_url=url), groups)
         return groups[0]
 
-    samples = run(_with_server(handler, body))
+    samples = run(with_http_server("/reward", handler, body))
     assert seen[0] == {"prompt": "p", "response": "4", "label": "4", "metadata": {"plain": True}}
     assert [s.reward for s in samples] == [1.0, 0.0, 0.0]
     assert samples[2].status is Sample.Status.FAILED
@@ -262,7 +246,7 @@ def test_remote_rm_timeout_and_refused_connection_are_clear_errors():
             await post_reward(url, {}, timeout=0.2)
         release.set()  # let the server shut down without waiting for the handler
 
-    run(_with_server(slow, body))
+    run(with_http_server("/reward", slow, body))
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{s.getsockname()[1]}/reward"

@@ -69,6 +69,8 @@ def test_the_monitor_waits_first_skips_paused_rounds_and_probes_only_serving_eng
     assert monitor.tick() == [engines[1]]
     assert probed == ["http://a", "http://b"]  # the stale engine is not probed
     assert failures == [(1, "answered GET /health_generate with HTTP 500")]
+    engines[1].fail(clock.now, "its restart failed")  # what on_failure leaves when the restart fails
+    assert monitor.tick() == [engines[1]] and failures[-1] == (1, "its restart failed")  # tried again
 
 
 def test_a_request_an_engine_failed_is_sent_again_and_a_bad_one_is_not():

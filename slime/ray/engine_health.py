@@ -4,8 +4,8 @@ An engine goes round one cycle: HEALTHY (in the router) -> FAILED (a probe faile
 answering, or its process died: taken out of the router at once) -> RESTARTING (stopped and started
 again on its own bundles) -> STALE (up, but with the weights it started from: kept out of the
 router) -> HEALTHY again once the next weight push has given it the trainer's weights and version.
-So a restarted engine never serves stale weights. A restart that fails leaves it FAILED and the next
-probe round tries again.
+So a restarted engine never serves stale weights. A restart that fails leaves it FAILED, and every
+probe round tries it again.
 
 ``HealthMonitor`` probes the HEALTHY engines every ``--rollout-health-check-interval`` seconds
 (``/health_generate`` answers within ``--rollout-health-check-timeout``: on SGLang it checks that
@@ -35,7 +35,7 @@ class EngineState(enum.Enum):
 
 
 _ALLOWED_FROM = {
-    "fail": (EngineState.HEALTHY, EngineState.STALE, EngineState.RESTARTING),
+    "fail": (EngineState.HEALTHY, EngineState.STALE, EngineState.RESTARTING, EngineState.FAILED),
     "restart": (EngineState.FAILED,),
     "restarted": (EngineState.RESTARTING,),
     "serve": (EngineState.STALE,),
@@ -89,9 +89,10 @@ Probe = Callable[[EngineHealth], "str | None"]
 
 
 class HealthMonitor:
-    """Probes every HEALTHY engine of ``engines`` in a thread; ``on_failure(engine, reason)`` per failure.
+    """Probes every HEALTHY engine of ``engines`` in a thread; ``on_failure(engine, reason)`` per failure,
+    and again each round for an engine still FAILED (its restart did not work).
 
-    ``tick`` is one round (what the thread does every interval); tests call it with a fake clock.
+        ``tick`` is one round (what the thread does every interval); tests call it with a fake clock.
     """
 
     def __init__(
@@ -123,7 +124,7 @@ class HealthMonitor:
             with self._lock:
                 if self._paused and not force:
                     return []
-                failed = []
+                failed = [(e, e.reason) for e in self.engines if e.state is EngineState.FAILED]
                 for engine in self.engines:
                     if engine.state is not EngineState.HEALTHY:
                         continue

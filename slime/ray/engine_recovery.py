@@ -23,6 +23,8 @@ from slime.rollout.router import Router, RouterError
 
 logger = logging.getLogger(__name__)
 
+RESTART_FAILED = "; its restart failed: "
+
 
 class EngineRecovery:
     """Health monitoring and replacement of the engines of one ``EnginePool`` behind one ``Router``."""
@@ -55,7 +57,8 @@ class EngineRecovery:
 
     def _replace(self, engine: EngineHealth, reason: str) -> None:
         """Out of the router, stopped, started again; STALE until the next push (FAILED if it does not
-        come up: the run goes on with the others, and stops when none is left)."""
+        come up: the run goes on with the others, the next round tries again, and the run stops when
+        none is left)."""
         logger.warning("engine %d (%s) %s; restarting it", engine.rank, engine.url, reason)
         with self._lock:
             engine.fail(self.clock(), reason)
@@ -69,8 +72,9 @@ class EngineRecovery:
             url = self.pool.restart(engine.rank)
         except EngineStartError as exc:
             logger.error("engine %d did not come back: %s", engine.rank, exc)
+            cause = reason.split(RESTART_FAILED)[0]  # a retry keeps the first cause, not a growing chain
             with self._lock:
-                engine.fail(self.clock(), f"{reason}, and its restart failed: {str(exc).splitlines()[0]}")
+                engine.fail(self.clock(), f"{cause}{RESTART_FAILED}{str(exc).splitlines()[0]}")
             return
         with self._lock:
             engine.restarted(url)

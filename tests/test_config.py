@@ -356,6 +356,8 @@ def test_lr_not_required_for_rollout_only(hf: str) -> None:
         (["--auto-resume", "1", "--save", "/tmp/ckpt"], "--auto-resume", "add --save-interval N"),
         (["--auto-resume", "-1"], "--auto-resume", "must not be negative"),
         (["--trainer-call-timeout", "-5"], "--trainer-call-timeout", "must not be negative"),
+        (["--rollout-request-retries", "-1"], "--rollout-request-retries", "must not be negative"),
+        (["--rollout-health-check-interval", "0"], "--rollout-health-check-interval", "positive"),
         (["--overlap-param-gather"], "--overlap-param-gather", "--use-distributed-optimizer"),
         (["--recompute-granularity", "full"], "--recompute-method", "--recompute-num-layers"),
         (["--lr-warmup-iters", "5", "--lr-warmup-fraction", "0.1"], "--lr-warmup-fraction", "keep one"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from slime.config.arg_types import positive_float, positive_int
+from slime.config.arg_types import non_negative_float, non_negative_int, positive_float, positive_int
 from slime.utils.engine_api import SUPPORTED_SGLANG
 
 DEFAULT_ROLLOUT_FUNCTION_PATH = "slime.rollout.sglang_rollout.generate_rollout"
@@ -197,13 +197,13 @@ def add_fault_tolerance_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--rollout-health-check-first-wait",
-        type=float,
+        type=non_negative_float,
         default=300.0,
         help="Seconds after the engines start before the first probe (large MoE models compile first).",
     )
     g.add_argument(
         "--rollout-request-retries",
-        type=int,
+        type=non_negative_int,
         default=5,
         help="Times a request an engine failed is sent again (0.5 s, 1 s, 2 s ... apart, at most one "
         "health-check interval) before the rollout stops.",

@@ -270,3 +270,14 @@ def test_an_abort_by_rid_reaches_only_known_requests_and_from_0_5_20_only_once(r
     abort = abort[: abort.index("async def pause_generation")]
     assert "tokenizer_worker_num == 1" in abort and "rid_to_state" in abort
     assert ("abort_sent" in abort) == (release >= "0.5.20")
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_health_generate_is_a_get_answering_200_or_503_with_no_body(release: str) -> None:
+    """The fault-tolerance probe (``slime.ray.engines.engine_problem``) takes 200 for well and any
+    other status, or no answer within its timeout, for failed: the route answers 200 once a generation
+    came back and 503 while shutting down or when it did not (``entrypoints/http_server.py``)."""
+    text = (source(release) / "entrypoints" / "http_server.py").read_text()
+    body = text[text.index('@app.get("/health_generate")') :]
+    body = body[: body.index("\n@app.")]
+    assert "Response(status_code=200)" in body and "Response(status_code=503)" in body

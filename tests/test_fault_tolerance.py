@@ -4,6 +4,7 @@ hook, and whole runs with and without ``--use-fault-tolerance``."""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import sys
 import threading
@@ -16,6 +17,7 @@ from conftest import with_http_server
 
 from slime.ray.engine_health import EngineHealth, EngineState, HealthMonitor
 from slime.ray.engines import engine_problem
+from slime.rollout.errors import EngineFailure
 from slime.rollout.generate_utils import RolloutContext, _post_with_retries
 from slime.utils.http import HttpError, post_json_sync
 
@@ -249,3 +251,33 @@ def test_a_hung_engine_and_an_erroring_one_are_replaced_and_serve_again_after_a_
         generated = ray.get(manager.generate.remote(0))
         assert generated["metrics"]["rollout/num_samples"] == 8
         assert ray.get(manager.engine_urls.remote()) == up
+
+
+@pytest.mark.e2e
+def test_without_the_flag_a_hung_engine_ends_the_rollout_in_one_line_naming_it(
+    ray_cluster, tiny_run_flags, tmp_path
+):
+    """A plain run probes its engines too: a hung engine would otherwise hold its requests for good
+    (the rollout sets no total timeout). It is stopped and the rollout fails with one line."""
+    import ray
+    from conftest import running_rollout_manager
+
+    from slime.config import parse_args
+
+    probes = {**FAST_PROBES, "use_fault_tolerance": None, "rollout_health_check_timeout": "2"}
+    args = parse_args(tiny_run_flags(**probes, rollout_num_gpus=1))
+    with running_rollout_manager(args, tmp_path) as (manager, urls, _):
+        [pid] = ray.get(manager.pids.remote())["engines"]
+        post_json_sync(f"{urls[0]}/slime/inject_fault", {"mode": "hang", "after_requests": 2})
+        started = time.monotonic()
+        with pytest.raises(ray.exceptions.RayTaskError) as raised:
+            ray.get(manager.generate.remote(0), timeout=120)
+        assert time.monotonic() - started < 60
+        assert isinstance(raised.value.cause, EngineFailure)
+        message = str(raised.value.cause)
+        assert message == (
+            f"engine 0 ({urls[0]}) did not answer GET /health_generate within 2 s; "
+            "add --use-fault-tolerance to restart failed engines and retry their requests"
+        ), message
+        with pytest.raises(ProcessLookupError):  # stopped, not left hanging
+            os.kill(pid, 0)

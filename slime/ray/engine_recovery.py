@@ -1,4 +1,5 @@
-"""``--use-fault-tolerance`` on the rollout side: a failed engine is replaced while the run goes on.
+"""What a failed engine costs on the rollout side: with ``--use-fault-tolerance`` it is replaced while
+the run goes on (``EngineRecovery``); without, the run stops in one line naming it (``EngineWatch``).
 
 ``EngineRecovery`` owns the engines' health (``engine_health``) and acts on a failure at once:
 the engine leaves the router (no new request reaches it; the requests it held fail and the
@@ -6,6 +7,10 @@ rollout sends them again, ``generate_utils``), every process of it is stopped an
 again on its own bundles (``EnginePool.restart``). It then waits, STALE and out of the router, for
 the next weight push, which gives it the trainer's weights and version (``TrainingSession``
 reconnects the trainer to the engines' new URLs first); ``weights_pushed`` puts it back.
+
+Both probe the same way (``engine_health.HealthMonitor``, ``engines.engine_problem``), so a hung engine
+is found in a plain run too: the rollout sets no total timeout on its requests (a long generation is not
+an error), and without the probes a hung engine would hold the run for good.
 """
 
 from __future__ import annotations
@@ -17,13 +22,66 @@ import time
 from collections.abc import Callable
 
 from slime.ray.engine_health import EngineHealth, EngineState, HealthMonitor
-from slime.ray.engines import EnginePool, EngineStartError, engine_problem
+from slime.ray.engines import ADD_FAULT_TOLERANCE, EnginePool, EngineStartError, engine_problem
 from slime.rollout.errors import EngineFailure
 from slime.rollout.router import Router, RouterError
 
 logger = logging.getLogger(__name__)
 
 RESTART_FAILED = "; its restart failed: "
+
+
+def _probing(
+    args: argparse.Namespace,
+    pool: EnginePool,
+    on_failure: Callable[[EngineHealth, str], None],
+    clock: Callable[[], float],
+) -> tuple[list[EngineHealth], HealthMonitor]:
+    """The pool's engines, HEALTHY, and a monitor probing them as the ``--rollout-health-check-*``
+    flags say."""
+    timeout_s = args.rollout_health_check_timeout
+    engines = [EngineHealth(rank, url) for rank, url in enumerate(pool.urls)]
+    monitor = HealthMonitor(
+        engines,
+        lambda engine: engine_problem(engine.url, pool.exit_codes(engine.rank), timeout_s),
+        on_failure,
+        interval_s=args.rollout_health_check_interval,
+        first_wait_s=args.rollout_health_check_first_wait,
+        clock=clock,
+    )
+    return engines, monitor
+
+
+class EngineWatch:
+    """Without ``--use-fault-tolerance``: the first failed engine ends the run with ``failure``.
+
+    It is stopped at once: the requests it holds fail (a hung engine would hold them for good), so the
+    rollout ends and the manager raises ``failure`` instead of what the requests saw.
+    """
+
+    def __init__(
+        self, args: argparse.Namespace, pool: EnginePool, clock: Callable[[], float] = time.monotonic
+    ):
+        self.pool, self.clock = pool, clock
+        self.engines, self.monitor = _probing(args, pool, self._stop_engine, clock)
+        self.failure: EngineFailure | None = None
+
+    def start(self) -> None:
+        self.monitor.start()
+
+    def stop(self) -> None:
+        self.monitor.stop()
+
+    def _stop_engine(self, engine: EngineHealth, reason: str) -> None:
+        if engine.state is EngineState.FAILED:  # stopped already, at the round that found it
+            return
+        engine.fail(self.clock(), reason)
+        if self.failure is None:
+            self.failure = EngineFailure(
+                f"engine {engine.rank} ({engine.url}) {reason}; {ADD_FAULT_TOLERANCE}"
+            )
+        logger.error("engine %d (%s) %s; stopping it, and the run", engine.rank, engine.url, reason)
+        self.pool.stop(engine.rank)
 
 
 class EngineRecovery:
@@ -37,16 +95,7 @@ class EngineRecovery:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.pool, self.router, self.clock = pool, router, clock
-        self.timeout_s = args.rollout_health_check_timeout
-        self.engines = [EngineHealth(rank, url) for rank, url in enumerate(pool.urls)]
-        self.monitor = HealthMonitor(
-            self.engines,
-            lambda engine: engine_problem(engine.url, self.pool.exit_codes(engine.rank), self.timeout_s),
-            self._replace,
-            interval_s=args.rollout_health_check_interval,
-            first_wait_s=args.rollout_health_check_first_wait,
-            clock=clock,
-        )
+        self.engines, self.monitor = _probing(args, pool, self._replace, clock)
         self._lock = threading.Lock()
 
     def start(self) -> None:

@@ -54,6 +54,9 @@ def exit_description(code: int | str) -> str:
     return f"exited with status {code}"
 
 
+ADD_FAULT_TOLERANCE = "add --use-fault-tolerance to restart failed engines and retry their requests"
+
+
 def engine_problem(url: str, exit_codes: list[int | str | None], timeout_s: float) -> str | None:
     """What is wrong with the engine at ``url`` whose processes report ``exit_codes``
     (``EnginePool.exit_codes``): one ended, or ``GET /health_generate`` failed or took longer than
@@ -82,11 +85,7 @@ def engine_failure(pool: EnginePool, timeout_s: float, recovering: bool) -> Engi
     ]
     if not problems:
         return None
-    fix = (
-        "the run stops (no engine recovered in time)"
-        if recovering
-        else "add --use-fault-tolerance to restart failed engines and retry their requests"
-    )
+    fix = "the run stops (no engine recovered in time)" if recovering else ADD_FAULT_TOLERANCE
     return EngineFailure(f"{'; '.join(problems)}; {fix}")
 
 
@@ -328,7 +327,7 @@ class EnginePool:
         Raises ``EngineStartError`` when it does not come up (its actors are stopped then too).
         """
         positions = self._positions(rank)
-        self._stop([self.actors[i] for i in positions])
+        self.stop(rank)
         for i in positions:
             self.actors[i] = self._actor(self.nodes[i])
         nodes, actors = [self.nodes[i] for i in positions], [self.actors[i] for i in positions]
@@ -339,6 +338,10 @@ class EnginePool:
             raise
         self.urls[rank] = url
         return url
+
+    def stop(self, rank: int) -> None:
+        """Stops engine ``rank`` (every node of it); its actors are gone after this."""
+        self._stop([self.actors[i] for i in self._positions(rank)])
 
     def exit_codes(self, rank: int) -> list[int | str | None]:
         """Per node of engine ``rank``: its server's exit status (None: running; "actor died")."""

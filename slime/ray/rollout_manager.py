@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 import ray
 from ray.util.placement_group import PlacementGroup
 
-from slime.ray.engine_recovery import EngineRecovery
+from slime.ray.engine_recovery import EngineRecovery, EngineWatch
 from slime.ray.engines import DEFAULT_START_TIMEOUT_S, EnginePool, engine_failure
 from slime.rollout.data_source import DataSource, KeptPositions, make_data_source
 from slime.rollout.errors import EngineFailure, RolloutError
@@ -211,6 +211,7 @@ class RolloutManager:
         self.rollout_fn = RolloutFunction(args.rollout_function_path)
         self.eval_datasets = eval_datasets if eval_datasets is not None else load_eval_datasets(args)
         self.recovery: EngineRecovery | None = None  # --use-fault-tolerance, once the engines are up
+        self.watch: EngineWatch | None = None  # otherwise: a failed engine stops the run
         self._fault_reported: dict[str, float] = {}
         self.positions = KeptPositions(self.data_source, Path(self.log_dir) / "position_kept")
 
@@ -233,7 +234,9 @@ class RolloutManager:
             raise
         if self.args.use_fault_tolerance:
             self.recovery = EngineRecovery(self.args, self.engines, self.router)
-            self.recovery.start()
+        else:
+            self.watch = EngineWatch(self.args, self.engines)
+        self._health().start()
         # slime's plugin convention: custom generate functions find the router through args.
         parts = urlsplit(router_url)
         self.args.sglang_router_ip, self.args.sglang_router_port = parts.hostname, parts.port
@@ -269,7 +272,8 @@ class RolloutManager:
         except EngineFailure:
             raise
         except Exception as error:
-            failure = engine_failure(
+            failure = self.watch.failure if self.watch is not None else None
+            failure = failure or engine_failure(
                 self.engines, self.args.rollout_health_check_timeout, self.recovery is not None
             )
             if failure is None:
@@ -303,14 +307,17 @@ class RolloutManager:
         """After a push to ``urls``: restarted engines among them rejoin the router; their ranks."""
         return self.recovery.weights_pushed(urls) if self.recovery is not None else []
 
+    def _health(self) -> EngineRecovery | EngineWatch | None:
+        return self.recovery or self.watch
+
     def pause_health_checks(self) -> None:
         """While the engines are released (``--colocate``) they must not be probed."""
-        if self.recovery is not None:
-            self.recovery.monitor.pause()
+        if (health := self._health()) is not None:
+            health.monitor.pause()
 
     def resume_health_checks(self) -> None:
-        if self.recovery is not None:
-            self.recovery.monitor.resume()
+        if (health := self._health()) is not None:
+            health.monitor.resume()
 
     def router_url(self) -> str | None:
         return None if self.router is None else self.router.url
@@ -360,8 +367,8 @@ class RolloutManager:
 
     def shutdown(self) -> None:
         """Stops the engines and the router; safe to call twice."""
-        if self.recovery is not None:
-            self.recovery.stop()
+        if (health := self._health()) is not None:
+            health.stop()
         self.engines.shutdown()
         if self.router is not None:
             self.router.shutdown()

@@ -2,10 +2,11 @@
 
 No machine this project is built on reaches a model hub, yet the code that loads real checkpoints
 (HF -> Megatron conversion, the rollout engines, weight sync, the quickstart) needs one to run on.
-This tool generates a real checkpoint locally: Qwen2 / Qwen3 / Qwen2-MoE / Qwen3-MoE / Llama
-architectures built by transformers itself from a config, fp32 weights in safetensors, and a
-character-level tokenizer with Qwen's ChatML special tokens and chat template, so every loader sees the
-same files a real model has.
+This tool generates a real checkpoint locally: Qwen2 / Qwen3 / Qwen2-MoE / Qwen3-MoE / Llama / GLM-4 /
+GLM-4.5 (``glm4_moe``) / DeepSeek-V3 architectures built by transformers itself from a config
+(``FAMILY_TRAITS`` gives each family the traits that set it apart, at tiny sizes), fp32 weights in
+safetensors, and a character-level tokenizer with Qwen's ChatML special tokens and chat template, so
+every loader sees the same files a real model has.
 
 Usage:
     python tools/make_tiny_model.py --out /tmp/tiny-qwen2
@@ -32,8 +33,8 @@ from typing import Any
 
 SETTINGS_FILE = "slime_tiny_model.json"
 FORMAT_VERSION = 1
-ARCHITECTURES = ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "llama")
-MOE_ARCHITECTURES = ("qwen2_moe", "qwen3_moe")
+ARCHITECTURES = ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "llama", "glm4", "glm4_moe", "deepseek_v3")
+MOE_ARCHITECTURES = ("qwen2_moe", "qwen3_moe", "glm4_moe", "deepseek_v3")
 VOCAB_MULTIPLE = 16
 
 # Special tokens first, so their ids are small and fixed: 0 is both end-of-text and padding.
@@ -221,6 +222,57 @@ def _build_tokenizer(max_length: int) -> Any:
     return tokenizer
 
 
+# What sets each newer family apart, at tiny sizes (the published models' choices where they are
+# not sizes): GLM-4's partial interleaved RoPE and q/k/v bias; GLM-4.5's first dense layer, shared
+# expert, sigmoid routing with the score bias and q/k norms; DeepSeek-V3's multi-latent attention
+# with YaRN, and group-limited routing (2 groups, 1 per token: each group scored by its best 2, the
+# rule megatron-core and transformers share when top-k / groups per token = 2).
+FAMILY_TRAITS: dict[str, dict[str, Any]] = {
+    "glm4": {"partial_rotary_factor": 0.5, "attention_bias": True},
+    "glm4_moe": {
+        "partial_rotary_factor": 0.5,
+        "attention_bias": True,
+        "use_qk_norm": True,
+        "n_shared_experts": 1,
+        "first_k_dense_replace": 1,
+        "routed_scaling_factor": 2.5,
+        "n_group": 1,
+        "topk_group": 1,
+        "norm_topk_prob": True,
+    },
+    "deepseek_v3": {
+        "q_lora_rank": 48,
+        "kv_lora_rank": 32,
+        "qk_nope_head_dim": 32,
+        "qk_rope_head_dim": 16,
+        "v_head_dim": 32,
+        "n_shared_experts": 1,
+        "first_k_dense_replace": 1,
+        "routed_scaling_factor": 2.5,
+        "n_group": 2,
+        "topk_group": 1,
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+        "norm_topk_prob": True,
+        "attention_bias": False,
+    },
+}
+
+
+def _yarn(settings: dict[str, Any]) -> dict[str, Any]:
+    """DeepSeek-V3's RoPE block at tiny size: YaRN from a quarter of the context, its betas and mscales."""
+    return {
+        "rope_type": "yarn",
+        "rope_theta": settings["rope_theta"],
+        "factor": 4.0,
+        "original_max_position_embeddings": settings["max_position_embeddings"] // 4,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+    }
+
+
 def _patch_json(path: Path, updates: dict[str, Any]) -> None:
     data = json.loads(path.read_text())
     data.update(updates)
@@ -280,12 +332,27 @@ def _write_model(directory: Path, settings: dict[str, Any]) -> None:
         )
     if arch == "qwen2_moe":
         config_kwargs["shared_expert_intermediate_size"] = 2 * settings["moe_intermediate_size"]
+    if arch in FAMILY_TRAITS:
+        config_kwargs.update(FAMILY_TRAITS[arch])
+    if arch in (
+        "glm4_moe",
+        "deepseek_v3",
+    ):  # experts counted as n_routed_experts; Qwen's layer keys do not apply
+        config_kwargs["n_routed_experts"] = config_kwargs.pop("num_experts")
+        del config_kwargs["decoder_sparse_step"], config_kwargs["mlp_only_layers"]
+    if arch == "deepseek_v3":  # MLA: no GQA and no head_dim of its own
+        config_kwargs["num_key_value_heads"] = settings["num_attention_heads"]
+        del config_kwargs["head_dim"]
+        config_kwargs["rope_scaling"] = _yarn(settings)
     config = AutoConfig.for_model(arch, **config_kwargs)
 
     # transformers' own initialisation, under a fixed seed, without disturbing the caller's RNG.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(settings["seed"])
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        for name, tensor in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # starts at 0; a trained one picks other experts
+                torch.nn.init.normal_(tensor, std=0.3)
     model.generation_config = GenerationConfig(
         do_sample=True,
         temperature=1.0,
@@ -315,7 +382,7 @@ def _write_model(directory: Path, settings: dict[str, Any]) -> None:
     # RoPE base only under rope_parameters and the dtype only as "dtype", and names a tokenizer class 4.x
     # does not know. Both versions accept these keys, and 4.x reads the chat template from here.
     compat: dict[str, Any] = {"rope_theta": settings["rope_theta"], "torch_dtype": "float32"}
-    if arch in MOE_ARCHITECTURES:
+    if arch in ("qwen2_moe", "qwen3_moe"):
         compat["num_experts"] = settings["num_experts"]  # 5.x writes only its alias num_local_experts
     _patch_json(directory / "config.json", compat)
     _patch_json(

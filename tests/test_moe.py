@@ -108,9 +108,8 @@ def test_qwen3_30b_a3b_script_matches_the_published_config(tmp_path):
             "--moe-router-pre-softmax",
             "norm_topk_prob",
         ),
-        ({"decoder_sparse_step": 2}, [], "--moe-layer-freq", "not implemented"),
         ({}, ["--moe-layer-freq", "[1]*3"], "--moe-layer-freq", "decoder_sparse_step=1"),
-        ({"mlp_only_layers": [0]}, ["--moe-layer-freq", "[0]+[1]"], "--moe-layer-freq", "not implemented"),
+        ({"mlp_only_layers": [0]}, ["--moe-layer-freq", "1"], "--moe-layer-freq", "mlp_only_layers=[0]"),
         (
             {},
             ["--expert-model-parallel-size", "2", "--actor-num-gpus-per-node", "2"],
@@ -137,6 +136,15 @@ def test_moe_flags_are_checked_against_config_json(tmp_path, changes, given, fla
     with pytest.raises(ConfigError) as error:
         validate_args(parser.parse_args(argv), explicit=explicit_dests(parser, argv))
     assert error.value.flag == flag and needle in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("changes", "pattern"),
+    [({"decoder_sparse_step": 2}, [0, 1, 0, 1]), ({"mlp_only_layers": [0, 3]}, [0, 1, 1, 0])],
+)
+def test_dense_layers_of_an_moe_model_are_filled_from_config_json(tmp_path, changes, pattern):
+    model = write_config(tmp_path / "m", {**QWEN3_30B_A3B_CONFIG, "num_hidden_layers": 4, **changes})
+    assert trainer_args(model, model_flags=[]).moe_layer_freq == pattern
 
 
 # ---- end to end on Ray ----------------------------------------------------------------------------

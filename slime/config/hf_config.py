@@ -28,10 +28,29 @@ CONFIG_NAME = "config.json"
 _SOURCE_HINT = "(or source the right scripts/models/*.sh)"
 
 # Model families whose attention shape is fixed by model_type rather than spelled in config.json.
-_QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe"})
-_NO_QK_NORM_TYPES = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe"})
+_MLA_TYPES = frozenset({"deepseek_v3", "kimi_k2"})  # Kimi-K2 is DeepSeek-V3 under its own name
+# MLA always norms the compressed key/value (and query) latents: Megatron's qk_layernorm.
+_QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe", *_MLA_TYPES})
+_NO_QK_NORM_TYPES = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "glm4"})
 _QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_moe"})  # Qwen2 hard-codes bias=True on q/k/v
-_NO_BIAS_TYPES = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"})
+_NO_BIAS_TYPES = frozenset(
+    {
+        "llama",
+        "mistral",
+        "mixtral",
+        "qwen2",
+        "qwen2_moe",
+        "qwen3",
+        "qwen3_moe",
+        "glm4",
+        "glm4_moe",
+        *_MLA_TYPES,
+    }
+)
+_SANDWICH_NORM_TYPES = frozenset({"glm4"})  # post_self_attn_layernorm and post_mlp_layernorm
+_INTERLEAVED_ROPE_TYPES = frozenset({"glm4"})  # rotate_half over (x0, x1), (x2, x3), ...
+_SIGMOID_ROUTER_TYPES = frozenset({"glm4_moe"})  # no scoring_func key: sigmoid, with the score bias
+_KNOWN_TYPES = _NO_BIAS_TYPES  # every family slime converts
 
 # What config.json implies for a flag: (value, "key=value" for the message), or None if it is silent.
 Reading = tuple[Any, str] | None
@@ -119,6 +138,71 @@ def _rope_scaling_factor(cfg: dict) -> Reading:
     return (block["factor"], f"{key}.factor={block['factor']}") if "factor" in block else None
 
 
+def _rotary_percent(cfg: dict) -> Reading:
+    for key in ("partial_rotary_factor", "rope_parameters"):  # transformers 5 moved it into the RoPE block
+        value = cfg.get(key)
+        if key == "rope_parameters":
+            value = value.get("partial_rotary_factor") if isinstance(value, dict) else None
+            key = "rope_parameters.partial_rotary_factor"
+        if value is not None:
+            return float(value), f"{key}={value}"
+    return None
+
+
+def _by_type(types: frozenset[str], what: str) -> Callable[[dict], Reading]:
+    """A switch that a family has and the others (of the families slime converts) lack."""
+
+    def read(cfg: dict) -> Reading:
+        model_type = cfg.get("model_type")
+        if model_type not in _KNOWN_TYPES:
+            return None
+        on = model_type in types
+        return on, f"model_type={model_type} ({'' if on else 'no '}{what})"
+
+    return read
+
+
+def _mla(cfg: dict) -> bool:
+    return cfg.get("kv_lora_rank") is not None
+
+
+def _multi_latent_attention(cfg: dict) -> Reading:
+    if "kv_lora_rank" in cfg:
+        return _mla(cfg), f"kv_lora_rank={_show(cfg['kv_lora_rank'])}"
+    return _by_type(_MLA_TYPES, "multi-latent attention")(cfg)
+
+
+def _mla_key(name: str) -> Callable[[dict], Reading]:
+    """An MLA size; null is a value too (``q_lora_rank: null``: a full query projection)."""
+
+    def read(cfg: dict) -> Reading:
+        return (cfg[name], f"{name}={_show(cfg[name])}") if _mla(cfg) and name in cfg else None
+
+    return read
+
+
+def _yarn(name: str, cast: Callable[[Any], Any] = float) -> Callable[[dict], Reading]:
+    """A YaRN setting of an MLA model's ``rope_scaling`` block."""
+
+    def read(cfg: dict) -> Reading:
+        found = _rope_scaling(cfg) if _mla(cfg) else None
+        if found is None or found[0].get("rope_type", found[0].get("type")) != "yarn":
+            return None
+        block, key = found
+        return (cast(block[name]), f"{key}.{name}={block[name]}") if name in block else None
+
+    return read
+
+
+def _rope_type(cfg: dict) -> Reading:
+    found = _rope_scaling(cfg) if _mla(cfg) else None
+    if found is None:
+        return None
+    block, key = found
+    kind = block.get("rope_type", block.get("type", "default"))
+    return ("yarn" if kind == "yarn" else "rope"), f"{key}.rope_type={kind}"
+
+
 def _position_embedding(cfg: dict) -> Reading:
     reading = _rope_theta(cfg)
     return ("rope", reading[1]) if reading else None
@@ -145,6 +229,8 @@ def _untie(cfg: dict) -> Reading:
 
 
 def _qk_layernorm(cfg: dict) -> Reading:
+    if "use_qk_norm" in cfg:  # GLM-4.5
+        return bool(cfg["use_qk_norm"]), f"use_qk_norm={_show(cfg['use_qk_norm'])}"
     model_type = cfg.get("model_type")
     if model_type in _QK_NORM_TYPES:
         return True, f"model_type={model_type} (QK layernorm)"
@@ -173,10 +259,43 @@ def _bias_linear(cfg: dict) -> Reading:
     return None
 
 
+def _score_function(cfg: dict) -> Reading:
+    if "scoring_func" in cfg:  # DeepSeek-V3
+        return cfg["scoring_func"], f"scoring_func={cfg['scoring_func']}"
+    model_type = cfg.get("model_type")
+    if model_type in _SIGMOID_ROUTER_TYPES:
+        return "sigmoid", f"model_type={model_type} (sigmoid router)"
+    return None
+
+
+def _expert_bias(cfg: dict) -> Reading:
+    """DeepSeek-V3's aux-loss-free balancing: a score bias (``e_score_correction_bias``) that picks
+    the experts but does not weight them."""
+    if "topk_method" in cfg:
+        return cfg["topk_method"] == "noaux_tc", f"topk_method={cfg['topk_method']}"
+    model_type = cfg.get("model_type")
+    if model_type in _SIGMOID_ROUTER_TYPES:
+        return True, f"model_type={model_type} (e_score_correction_bias)"
+    return None
+
+
+def _shared_experts(cfg: dict) -> Reading:
+    """DeepSeek-V3 counts its shared experts (``n_shared_experts`` of ``moe_intermediate_size``);
+    Megatron takes their total size."""
+    shared = cfg.get("n_shared_experts")
+    if shared is None or cfg.get("moe_intermediate_size") is None:
+        return _key("shared_expert_intermediate_size")(cfg)
+    total = shared * cfg["moe_intermediate_size"]
+    return (
+        total or None
+    ), f"n_shared_experts={shared} × moe_intermediate_size={cfg['moe_intermediate_size']}"
+
+
 def _pre_softmax(cfg: dict) -> Reading:
     # HF takes the top-k of the softmax over all experts and renormalises them when norm_topk_prob is
-    # set; Megatron's default (softmax over the top-k logits) is that renormalised form.
-    if "norm_topk_prob" not in cfg:
+    # set; Megatron's default (softmax over the top-k logits) is that renormalised form. A sigmoid
+    # router always renormalises in Megatron (checked in ``_check_sigmoid_router``).
+    if "norm_topk_prob" not in cfg or (_score_function(cfg) or ("softmax",))[0] != "softmax":
         return None
     norm = bool(cfg["norm_topk_prob"])
     return not norm, f"norm_topk_prob={_show(norm)}"
@@ -210,6 +329,13 @@ _RULES: tuple[_Rule, ...] = (
         "max_position_embeddings", "--max-position-embeddings", _key("max_position_embeddings"), check=False
     ),
     _Rule("position_embedding_type", "--position-embedding-type", _position_embedding),
+    _Rule("rotary_percent", "--rotary-percent", _rotary_percent),
+    _Rule(
+        "rotary_interleaved",
+        "--rotary-interleaved",
+        _by_type(_INTERLEAVED_ROPE_TYPES, "interleaved RoPE"),
+        switch=True,
+    ),
     _Rule("rotary_base", "--rotary-base", _rope_theta),
     _Rule("use_rope_scaling", "--use-rope-scaling", _use_rope_scaling, switch=True),
     _Rule("rope_scaling_factor", "--rope-scaling-factor", _rope_scaling_factor),
@@ -220,15 +346,47 @@ _RULES: tuple[_Rule, ...] = (
         "untie_embeddings_and_output_weights", "--untie-embeddings-and-output-weights", _untie, switch=True
     ),
     _Rule("qk_layernorm", "--qk-layernorm", _qk_layernorm, switch=True),
+    _Rule(
+        "post_self_attn_layernorm",
+        "--post-self-attn-layernorm",
+        _by_type(_SANDWICH_NORM_TYPES, "post-attention norm"),
+        switch=True,
+    ),
+    _Rule(
+        "post_mlp_layernorm",
+        "--post-mlp-layernorm",
+        _by_type(_SANDWICH_NORM_TYPES, "post-MLP norm"),
+        switch=True,
+    ),
+    _Rule("multi_latent_attention", "--multi-latent-attention", _multi_latent_attention, switch=True),
+    _Rule("q_lora_rank", "--q-lora-rank", _mla_key("q_lora_rank")),
+    _Rule("kv_lora_rank", "--kv-lora-rank", _mla_key("kv_lora_rank")),
+    _Rule("qk_head_dim", "--qk-head-dim", _mla_key("qk_nope_head_dim")),
+    _Rule("qk_pos_emb_head_dim", "--qk-pos-emb-head-dim", _mla_key("qk_rope_head_dim")),
+    _Rule("v_head_dim", "--v-head-dim", _mla_key("v_head_dim")),
+    _Rule("rope_type", "--rope-type", _rope_type),
+    _Rule("rotary_scaling_factor", "--rotary-scaling-factor", _yarn("factor")),
+    _Rule("mscale", "--mscale", _yarn("mscale")),
+    _Rule("mscale_all_dim", "--mscale-all-dim", _yarn("mscale_all_dim")),
+    _Rule(
+        "original_max_position_embeddings",
+        "--original-max-position-embeddings",
+        _yarn("original_max_position_embeddings", int),
+    ),
+    _Rule("beta_fast", "--beta-fast", _yarn("beta_fast")),
+    _Rule("beta_slow", "--beta-slow", _yarn("beta_slow")),
     _Rule("add_qkv_bias", "--add-qkv-bias", _qkv_bias, switch=True),
     _Rule("add_bias_linear", "--disable-bias-linear", _bias_linear, switch=True),
-    _Rule("num_experts", "--num-experts", _key("num_experts", "num_local_experts")),
+    _Rule("num_experts", "--num-experts", _key("num_experts", "num_local_experts", "n_routed_experts")),
     _Rule("moe_router_topk", "--moe-router-topk", _key("num_experts_per_tok")),
     _Rule("moe_ffn_hidden_size", "--moe-ffn-hidden-size", _key("moe_intermediate_size")),
+    _Rule("moe_shared_expert_intermediate_size", "--moe-shared-expert-intermediate-size", _shared_experts),
+    _Rule("moe_router_score_function", "--moe-router-score-function", _score_function),
+    _Rule("moe_router_enable_expert_bias", "--moe-router-enable-expert-bias", _expert_bias, switch=True),
+    _Rule("moe_router_num_groups", "--moe-router-num-groups", _key("n_group")),
+    _Rule("moe_router_group_topk", "--moe-router-group-topk", _key("topk_group")),
     _Rule(
-        "moe_shared_expert_intermediate_size",
-        "--moe-shared-expert-intermediate-size",
-        _key("shared_expert_intermediate_size"),
+        "moe_router_topk_scaling_factor", "--moe-router-topk-scaling-factor", _key("routed_scaling_factor")
     ),
     _Rule("moe_router_pre_softmax", "--moe-router-pre-softmax", _pre_softmax, switch=True),
     _Rule("moe_shared_expert_gate", "--moe-shared-expert-gate", _shared_expert_gate, switch=True),
@@ -267,6 +425,28 @@ def apply_hf_config(
             raise _mismatch(rule.flag, getattr(args, rule.dest), desc, fix, path)
     _apply_query_groups(args, config, path, given)
     _apply_moe_layer_freq(args, config, path, given)
+    _check_router(config, path)
+
+
+def _check_router(config: dict[str, Any], path: str) -> None:
+    """Routings megatron-core computes differently from transformers: one line before anything starts."""
+    topk = config.get("num_experts_per_tok") or 1
+    sigmoid = (_score_function(config) or ("softmax",))[0] == "sigmoid"
+    if sigmoid and config.get("norm_topk_prob") is False and topk > 1:
+        raise ConfigError(
+            "--moe-router-score-function",
+            f"sigmoid with norm_topk_prob=false in {path}: megatron-core always renormalises the "
+            "top-k sigmoid scores; this checkpoint cannot be trained as it is",
+        )
+    groups, group_topk = config.get("n_group") or 1, config.get("topk_group") or 1
+    if groups > 1 and topk // group_topk != 2:
+        # transformers scores a group by its 2 best experts, megatron-core by its best topk/group_topk.
+        raise ConfigError(
+            "--moe-router-num-groups",
+            f"n_group={groups} with num_experts_per_tok={topk}, topk_group={group_topk} in {path}: "
+            "megatron-core scores an expert group by its best num_experts_per_tok/topk_group experts, "
+            "transformers by its best 2, so they route differently; it cannot be trained as it is",
+        )
 
 
 def _apply_query_groups(
@@ -307,18 +487,26 @@ def _apply_moe_layer_freq(
 ) -> None:
     """HF says which layers are sparse with two keys, Megatron with one pattern, so this gets its own rule.
 
-    HF: layer i is an MoE layer unless listed in ``mlp_only_layers``, and only if
-    ``(i + 1) % decoder_sparse_step == 0``; Megatron's integer N means ``i % N == 0`` instead, so the
-    pattern is compared (and filled) layer by layer.
+    HF (Qwen-MoE): layer i is an MoE layer unless listed in ``mlp_only_layers``, and only if
+    ``(i + 1) % decoder_sparse_step == 0``; (DeepSeek-V3, GLM-4.5) if ``i >= first_k_dense_replace``.
+    Megatron's integer N means ``i % N == 0`` instead, so the pattern is compared (and filled) layer
+    by layer.
     """
     num_layers = args.num_layers
-    if args.num_experts is None or num_layers is None or "decoder_sparse_step" not in config:
+    if args.num_experts is None or num_layers is None:
         return
-    step, dense = config["decoder_sparse_step"], set(config.get("mlp_only_layers") or [])
-    pattern = [int(i not in dense and (i + 1) % step == 0) for i in range(num_layers)]
+    if "decoder_sparse_step" in config:  # Qwen-MoE
+        step, dense = config["decoder_sparse_step"], set(config.get("mlp_only_layers") or [])
+        pattern = [int(i not in dense and (i + 1) % step == 0) for i in range(num_layers)]
+        desc = f"decoder_sparse_step={step}, mlp_only_layers={sorted(dense)}"
+    elif "first_k_dense_replace" in config:  # DeepSeek-V3, GLM-4.5: the first k layers are dense
+        first = config["first_k_dense_replace"]
+        pattern = [int(i >= first) for i in range(num_layers)]
+        desc = f"first_k_dense_replace={first}"
+    else:
+        return
     if not given("moe_layer_freq"):
         args.moe_layer_freq = 1 if all(pattern) else pattern
     elif _layer_pattern(args.moe_layer_freq, num_layers) != pattern:
-        desc = f"decoder_sparse_step={step}, mlp_only_layers={sorted(dense)}"
         fix = "use --moe-layer-freq " + ("1" if all(pattern) else str(pattern).replace(" ", ""))
         raise _mismatch("--moe-layer-freq", args.moe_layer_freq, desc, fix, path)

@@ -53,6 +53,7 @@ def add_megatron_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
     """Add every Megatron-LM flag slime understands, one argument group per topic."""
     _add_model(parser)
     _add_moe(parser)
+    _add_multi_latent_attention(parser)
     _add_parallelism(parser)
     _add_training(parser)
     _add_lr_schedule(parser)
@@ -113,6 +114,11 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--rotary-percent", type=float, default=1.0, help="Fraction of the head dimension that RoPE rotates."
     )
+    g.add_argument(
+        "--rotary-interleaved",
+        action="store_true",
+        help="Rotate interleaved pairs (x0, x1), (x2, x3), ... instead of the two halves (GLM-4 does).",
+    )
     g.add_argument("--use-rope-scaling", action="store_true", help="Apply Llama-3.x RoPE scaling.")
     g.add_argument("--rope-scaling-factor", type=float, default=8.0, help="RoPE scaling factor.")
     g.add_argument(
@@ -125,6 +131,16 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
         "--norm-epsilon", type=float, default=1e-5, help=f"Epsilon of the norm layers ({_FROM_HF})."
     )
     g.add_argument("--swiglu", action="store_true", help=f"Use a SwiGLU MLP ({_FROM_HF}: hidden_act silu).")
+    g.add_argument(
+        "--post-self-attn-layernorm",
+        action="store_true",
+        help=f"Norm the attention output before its residual add, as GLM-4 does ({_FROM_HF}).",
+    )
+    g.add_argument(
+        "--post-mlp-layernorm",
+        action="store_true",
+        help=f"Norm the MLP output before its residual add, as GLM-4 does ({_FROM_HF}).",
+    )
     g.add_argument("--squared-relu", action="store_true", help="Use squared ReLU as the MLP activation.")
     g.add_argument(
         "--untie-embeddings-and-output-weights",
@@ -265,8 +281,86 @@ def _add_moe(parser: argparse.ArgumentParser) -> None:
         "--moe-router-topk-scaling-factor",
         type=float,
         default=None,
-        help="Scale applied to the top-k routing weights.",
+        help=f"Scale applied to the top-k routing weights (routed_scaling_factor {_FROM_HF}).",
     )
+    g.add_argument(
+        "--moe-router-enable-expert-bias",
+        action="store_true",
+        help="A per-expert bias added to the scores for the top-k choice only (DeepSeek-V3's "
+        f"e_score_correction_bias; {_FROM_HF}).",
+    )
+    g.add_argument(
+        "--moe-router-bias-update-rate",
+        type=float,
+        default=0.0,
+        help="How fast the expert bias follows the experts' load (aux-loss-free balancing); "
+        "0 keeps the checkpoint's bias, as the engines use it.",
+    )
+    g.add_argument(
+        "--moe-router-num-groups",
+        type=positive_int,
+        default=None,
+        help=f"Expert groups for group-limited routing (n_group {_FROM_HF}).",
+    )
+    g.add_argument(
+        "--moe-router-group-topk",
+        type=positive_int,
+        default=None,
+        help=f"Groups each token may use (topk_group {_FROM_HF}).",
+    )
+
+
+def _add_multi_latent_attention(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("Megatron: multi-latent attention (DeepSeek-V3, Kimi-K2, Moonlight)")
+    g.add_argument(
+        "--multi-latent-attention",
+        action="store_true",
+        help=f"Multi-latent attention: queries and keys/values through low-rank projections ({_FROM_HF}).",
+    )
+    g.add_argument(
+        "--q-lora-rank",
+        type=positive_int,
+        default=None,
+        help=f"Rank of the query projection; none: a full query projection ({_FROM_HF}).",
+    )
+    g.add_argument(
+        "--kv-lora-rank",
+        type=positive_int,
+        default=None,
+        help=f"Rank of the key/value projection ({_FROM_HF}).",
+    )
+    g.add_argument(
+        "--qk-head-dim",
+        type=positive_int,
+        default=None,
+        help=f"Per-head query/key dimension without RoPE ({_FROM_HF}).",
+    )
+    g.add_argument(
+        "--qk-pos-emb-head-dim",
+        type=positive_int,
+        default=None,
+        help=f"Per-head query/key dimension that RoPE rotates ({_FROM_HF}).",
+    )
+    g.add_argument(
+        "--v-head-dim", type=positive_int, default=None, help=f"Per-head value dimension ({_FROM_HF})."
+    )
+    g.add_argument(
+        "--rope-type",
+        choices=["rope", "yarn"],
+        default=None,
+        help=f"RoPE of multi-latent attention: plain, or YaRN-scaled ({_FROM_HF}: rope_scaling).",
+    )
+    g.add_argument("--rotary-scaling-factor", type=float, default=None, help=f"YaRN factor ({_FROM_HF}).")
+    g.add_argument("--mscale", type=float, default=None, help=f"YaRN mscale ({_FROM_HF}).")
+    g.add_argument("--mscale-all-dim", type=float, default=None, help=f"YaRN mscale_all_dim ({_FROM_HF}).")
+    g.add_argument(
+        "--original-max-position-embeddings",
+        type=positive_int,
+        default=None,
+        help=f"Context length YaRN scales from ({_FROM_HF}).",
+    )
+    g.add_argument("--beta-fast", type=float, default=None, help=f"YaRN beta_fast ({_FROM_HF}).")
+    g.add_argument("--beta-slow", type=float, default=None, help=f"YaRN beta_slow ({_FROM_HF}).")
 
 
 def _add_parallelism(parser: argparse.ArgumentParser) -> None:

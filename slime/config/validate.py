@@ -475,14 +475,6 @@ def _check_moe(args: argparse.Namespace) -> None:
             "--moe-layer-freq",
             f"lists {len(freq)} layers but --num-layers is {layers}; give one 0/1 per layer",
         )
-    pattern = freq if isinstance(freq, list) else [int(i % freq == 0) for i in range(layers)]
-    if not all(pattern):
-        # HF<->Megatron conversion and the layer spec assume every layer is an MoE layer (Qwen3-MoE,
-        # Qwen2-MoE); dense layers between them have not been built yet.
-        raise ConfigError(
-            "--moe-layer-freq",
-            "dense layers in an MoE model are not implemented yet; use 1 (every layer MoE)",
-        )
     if args.expert_model_parallel_size > 1 and args.moe_token_dispatcher_type == "allgather":
         # Megatron's allgather dispatcher gathers equal-sized token buffers over the expert-parallel
         # ranks, which span data-parallel ranks; their micro-batches differ in length here.

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from megatron.core.distributed import DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig
-from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer import MLATransformerConfig, TransformerConfig
 
 from slime.utils.device import kernel_overrides
 
@@ -65,6 +65,7 @@ def transformer_config_from_args(args: argparse.Namespace) -> TransformerConfig:
         gated_linear_unit=args.swiglu,
         activation_func=F.silu if args.swiglu else F.gelu,
         qk_layernorm=args.qk_layernorm,
+        rotary_interleaved=args.rotary_interleaved,
         init_method_std=args.init_method_std,
         apply_residual_connection_post_layernorm=args.apply_residual_connection_post_layernorm,
         attention_softmax_in_fp32=args.attention_softmax_in_fp32,
@@ -117,9 +118,40 @@ def transformer_config_from_args(args: argparse.Namespace) -> TransformerConfig:
             moe_token_drop_policy=args.moe_token_drop_policy,
             moe_pad_expert_input_to_capacity=args.moe_pad_expert_input_to_capacity,
             moe_permute_fusion=args.moe_permute_fusion,
+            moe_router_enable_expert_bias=args.moe_router_enable_expert_bias,
+            moe_router_bias_update_rate=args.moe_router_bias_update_rate,
+            moe_router_num_groups=args.moe_router_num_groups,
+            moe_router_group_topk=args.moe_router_group_topk,
         )
     fields.update(kernel_overrides())
+    if args.multi_latent_attention:
+        return MLATransformerConfig(**fields, **_mla_fields(args))
     return TransformerConfig(**fields)
+
+
+def _mla_fields(args: argparse.Namespace) -> dict:
+    """Multi-latent attention's shape and RoPE. YaRN's settings left out keep megatron-core's
+    defaults, which are DeepSeek-V3's."""
+    fields = dict(
+        q_lora_rank=args.q_lora_rank,
+        kv_lora_rank=args.kv_lora_rank,
+        qk_head_dim=args.qk_head_dim,
+        qk_pos_emb_head_dim=args.qk_pos_emb_head_dim,
+        v_head_dim=args.v_head_dim,
+        rope_type=args.rope_type or "rope",
+        rotary_base=args.rotary_base,
+        rotary_percent=args.rotary_percent,
+    )
+    yarn = {
+        "rotary_scaling_factor": args.rotary_scaling_factor,
+        "mscale": args.mscale,
+        "mscale_all_dim": args.mscale_all_dim,
+        "original_max_position_embeddings": args.original_max_position_embeddings,
+        "beta_fast": args.beta_fast,
+        "beta_slow": args.beta_slow,
+    }
+    fields.update({key: value for key, value in yarn.items() if value is not None})
+    return fields
 
 
 def optimizer_config_from_args(args: argparse.Namespace) -> OptimizerConfig:

@@ -9,6 +9,7 @@ from megatron.core import parallel_state as mpu
 from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import (
+    get_gpt_decoder_block_spec,
     get_gpt_layer_local_spec,
     get_gpt_layer_with_transformer_engine_spec,
 )
@@ -20,7 +21,6 @@ from megatron.core.transformer.moe import moe_utils
 
 from slime.backends.megatron.config import (
     ddp_config_from_args,
-    grouped_experts,
     optimizer_config_from_args,
     padded_vocab_size,
 )
@@ -32,21 +32,32 @@ if not moe_utils.HAVE_TE:
     moe_utils.te_general_gemm = None
 
 
-def _layer_spec(args: argparse.Namespace):
-    if args.transformer_impl == "transformer_engine":
-        return get_gpt_layer_with_transformer_engine_spec(
-            num_experts=args.num_experts,
-            moe_grouped_gemm=grouped_experts(args),
-            qk_layernorm=args.qk_layernorm,
+def _layer_spec(args: argparse.Namespace, config: TransformerConfig, vp_stage: int | None):
+    """One spec for every layer, or, in an MoE model, the block of this stage's layers (dense and MoE
+    layers differ: ``--moe-layer-freq``, e.g. DeepSeek-V3's first three layers are dense)."""
+    te = args.transformer_impl == "transformer_engine"
+    if args.num_experts:
+        block = get_gpt_decoder_block_spec(config, te, normalization=args.normalization, vp_stage=vp_stage)
+        for layer in block.layer_specs:
+            _adapt(layer, te)
+        return block
+    if te:
+        spec = get_gpt_layer_with_transformer_engine_spec(
+            qk_layernorm=args.qk_layernorm, multi_latent_attention=args.multi_latent_attention
         )
-    spec = get_gpt_layer_local_spec(
-        num_experts=args.num_experts,
-        moe_grouped_gemm=grouped_experts(args),
-        qk_layernorm=args.qk_layernorm,
-        normalization=args.normalization,
-    )
-    # Packed (THD) micro-batches: the local attention learns them as a block-diagonal mask.
-    spec.submodules.self_attention.submodules.core_attention = PackedDotProductAttention
+    else:
+        spec = get_gpt_layer_local_spec(
+            qk_layernorm=args.qk_layernorm,
+            normalization=args.normalization,
+            multi_latent_attention=args.multi_latent_attention,
+        )
+    return _adapt(spec, te)
+
+
+def _adapt(spec, te: bool):
+    """Packed (THD) micro-batches: the local attention learns them as a block-diagonal mask."""
+    if not te:
+        spec.submodules.self_attention.submodules.core_attention = PackedDotProductAttention
     return spec
 
 
@@ -68,7 +79,7 @@ def build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> l
         chunks.append(
             GPTModel(
                 config=config,
-                transformer_layer_spec=_layer_spec(args),
+                transformer_layer_spec=_layer_spec(args, config, stage),
                 vocab_size=padded_vocab_size(args),
                 max_sequence_length=args.max_position_embeddings,
                 pre_process=mpu.is_pipeline_first_stage(ignore_virtual=False, vp_stage=stage),

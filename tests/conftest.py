@@ -72,14 +72,14 @@ TINY_RUN: dict[str, object] = {
 @pytest.fixture(scope="session")
 def tiny_run_flags(tiny_models, reverse_task) -> Callable[..., list[str]]:
     """``flags(*extra, model_script="tiny-qwen2.sh", **overrides)``: the argv of a tiny RL run, the
-    model flags of ``scripts/models/<model_script>``, the tiny qwen2 on ``reverse_task`` and
-    ``TINY_RUN``. ``overrides`` replace or add flags by their dest (``num_rollout=3``; True a switch,
-    None drops one); ``extra`` flags come last, as given."""
+    model flags of ``scripts/models/<model_script>`` (None: none, all from config.json), the tiny qwen2
+    on ``reverse_task`` and ``TINY_RUN``. ``overrides`` replace or add flags by their dest
+    (``num_rollout=3``; True a switch, None drops one); ``extra`` flags come last, as given."""
     from slime.config.sglang_args import server_flags  # dests to flags, as for the SGLang server
 
     def flags(*extra: str, model_script: str = "tiny-qwen2.sh", **overrides: object) -> list[str]:
         values = {"hf_checkpoint": tiny_models["qwen2"], "prompt_data": reverse_task, **TINY_RUN, **overrides}
-        return [*model_args(model_script), *server_flags(values), *extra]
+        return [*(model_args(model_script) if model_script else []), *server_flags(values), *extra]
 
     return flags
 

@@ -150,12 +150,14 @@ def test_dense_layers_of_an_moe_model_are_filled_from_config_json(tmp_path, chan
 # ---- end to end on Ray ----------------------------------------------------------------------------
 
 
-def run(moe_model, extra):
-    """Loaded HF weights, log-probs on every position, one SFT step, and the trained HF weights."""
+def run(moe_model, extra, model_flags=None):
+    """Loaded HF weights, log-probs on every position, one SFT step, and the trained HF weights, on
+    two ranks; the model flags are the tiny Qwen3-MoE script's (``model_flags``: these instead)."""
     from ray.util.placement_group import remove_placement_group
     from test_megatron_trainer import make_group, sft_data
 
-    group, _, pg = make_group(moe_args(moe_model, world=2, extra=extra))
+    flags = model_args("tiny-qwen3-moe.sh") if model_flags is None else model_flags
+    group, _, pg = make_group(trainer_args(moe_model, world=2, extra=extra, model_flags=flags))
     try:
         data = sft_data(6, seed=1)
         data["response_lengths"] = [len(t) - 1 for t in data["tokens"]]
@@ -230,27 +232,15 @@ def test_expert_parallel_2_equals_expert_parallel_1(ep1, moe_model):
     assert weight <= 2e-4 and update <= 1e-2
 
 
-@pytest.mark.e2e
-@pytest.mark.slow
-def test_qwen2_moe_with_a_gated_shared_expert_matches_transformers_at_tp2(ray_cluster, tmp_path):
-    """Qwen2-MoE: shared expert scaled by a sigmoid gate, top-k weights not renormalised, q/k/v bias;
-    every Megatron flag comes from config.json alone. Under TP=2 every expert's gated fc1 is sliced over
-    the expert tensor-parallel group, so a wrong slice layout would show in the log-probs."""
+def tp2_forward(model) -> tuple[dict[str, torch.Tensor], float]:
+    """At TP=2 (and expert TP=2), from config.json alone: the exported HF weights, and the largest
+    log-prob difference to transformers. Training MoE (or MLA) under TP needs sequence parallelism
+    (GPU only), so validation refuses TP=2 on the CPU; the forward pass and the weight round trip run
+    without it."""
     from ray.util.placement_group import remove_placement_group
     from test_megatron_trainer import hf_logprobs, make_group, sft_data
 
-    from tools.make_tiny_model import make_tiny_model
-
-    model = make_tiny_model(tmp_path / "qwen2_moe", arch="qwen2_moe")
-    args = parse_args(
-        ["--hf-checkpoint", str(model), "--rollout-batch-size", "4", "--lr", "1e-3", "--num-rollout", "1",
-         "--debug-train-only", "--loss-type", "sft_loss", "--micro-batch-size", "2",
-         "--actor-num-gpus-per-node", "2"]
-    )  # fmt: skip
-    assert (args.moe_shared_expert_intermediate_size, args.moe_shared_expert_gate) == (128, True)
-    assert args.moe_router_pre_softmax and args.add_qkv_bias and not args.qk_layernorm
-    # Training MoE under TP needs sequence parallelism (GPU only), so validation refuses TP=2 on the CPU;
-    # the forward pass and the weight round trip checked here run without it.
+    args = trainer_args(model, world=2, model_flags=[])
     args.tensor_model_parallel_size = args.expert_tensor_parallel_size = 2
     group, _, pg = make_group(args)
     try:
@@ -262,43 +252,27 @@ def test_qwen2_moe_with_a_gated_shared_expert_matches_transformers_at_tp2(ray_cl
     finally:
         group.shutdown()
         remove_placement_group(pg)
+    diff = max((a - b).abs().max().item() for a, b in zip(ours, hf_logprobs(model, data), strict=True))
+    return exported, diff
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_qwen2_moe_with_a_gated_shared_expert_matches_transformers_at_tp2(ray_cluster, tmp_path):
+    """Qwen2-MoE: shared expert scaled by a sigmoid gate, top-k weights not renormalised, q/k/v bias;
+    every Megatron flag comes from config.json alone. Under TP=2 every expert's gated fc1 is sliced over
+    the expert tensor-parallel group, so a wrong slice layout would show in the log-probs."""
+    from tools.make_tiny_model import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "qwen2_moe", arch="qwen2_moe")
+    args = trainer_args(model, model_flags=[])
+    assert (args.moe_shared_expert_intermediate_size, args.moe_shared_expert_gate) == (128, True)
+    assert args.moe_router_pre_softmax and args.add_qkv_bias and not args.qk_layernorm
+    exported, diff = tp2_forward(model)
     original = load_file(model / "model.safetensors")
     assert sorted(exported) == sorted(original)
     assert "model.layers.1.mlp.shared_expert_gate.weight" in original
     for name, tensor in original.items():
         assert torch.equal(exported[name], tensor), name
-    diff = max((a - b).abs().max().item() for a, b in zip(ours, hf_logprobs(model, data), strict=True))
     print(f"Qwen2-MoE: max |log-prob(Megatron) - log-prob(transformers)| = {diff:.3g}")
     assert diff <= 1e-4
-
-
-@pytest.mark.e2e
-@pytest.mark.slow
-def test_expert_parallel_2_pushes_every_tensor_once_to_every_engine(ray_cluster, moe_model, tiny_run_flags):
-    """EP = 2 over DP = 2 (each rank holds two of the four experts): both ranks gather the experts but
-    only data-parallel rank 0 opens the weight-update group and broadcasts. Before, both ranks did,
-    under one group name, and the push could not complete."""
-    import ray
-    from test_train_loop import engine_weights_equal
-
-    from slime.ray.session import TrainingSession
-    from slime.utils.http import get_json
-
-    flags = tiny_run_flags(
-        "--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall",
-        model_script="tiny-qwen3-moe.sh", hf_checkpoint=moe_model, rollout_batch_size=2,
-        rollout_num_gpus=2, actor_num_gpus_per_node=2, micro_batch_size=2, lr_decay_style=None,
-        num_rollout=1, update_weight_buffer_size=64 * 1024,
-    )  # fmt: skip
-    with TrainingSession(parse_args(flags)) as session:
-        data = ray.get(session.rollout.generate.remote(0))
-        data.pop("metrics")
-        session.trainer.train(data)
-        pushed = session.push_weights()
-        expected = session.trainer.hf_state_dict()
-        assert any(".mlp.experts.3.down_proj." in name for name in expected)
-        # One sender: the bytes of every tensor once (two senders would count them twice).
-        assert pushed["update_weights_bytes"] == sum(t.numel() * t.element_size() for t in expected.values())
-        for url in ray.get(session.rollout.engine_urls.remote()):
-            assert get_json(f"{url}/model_info")["weight_version"] == str(session.weight_version)
-            engine_weights_equal(url, expected)

@@ -439,6 +439,15 @@ def _check_sequence_parallel(args: argparse.Namespace) -> None:
             "needs Transformer Engine's norms (megatron-core's local torch norms refuse sequence "
             "parallelism), which the CPU path lacks; add --transformer-impl transformer_engine on GPUs",
         )
+    if args.multi_latent_attention and args.tensor_model_parallel_size > 1 and not args.sequence_parallel:
+        # Measured: without it the down projection's gradient misses the other ranks' heads' share of
+        # the RoPE key they all use (a one-layer model's update 59 % off the one-rank one).
+        raise ConfigError(
+            "--tensor-model-parallel-size",
+            "> 1 with --multi-latent-attention needs --sequence-parallel (megatron-core's MLA gradients "
+            "are wrong without it; Transformer Engine, GPU only); add it, or split the model with "
+            "--pipeline-model-parallel-size / --expert-model-parallel-size instead",
+        )
 
 
 def _check_expert_parallel(args: argparse.Namespace) -> None:
@@ -462,18 +471,19 @@ def _check_expert_parallel(args: argparse.Namespace) -> None:
 
 
 def _check_moe(args: argparse.Namespace) -> None:
-    if args.tensor_model_parallel_size > 1 and not args.sequence_parallel:
-        # megatron-core's MoELayer raises in training mode when attention TP > 1 runs without it.
-        raise ConfigError(
-            "--tensor-model-parallel-size",
-            "> 1 with MoE layers needs --sequence-parallel in megatron-core (Transformer Engine, GPU "
-            "only); add it on GPUs or use --expert-model-parallel-size instead of TP",
-        )
     freq, layers = args.moe_layer_freq, args.num_layers
     if isinstance(freq, list) and len(freq) != layers:
         raise ConfigError(
             "--moe-layer-freq",
             f"lists {len(freq)} layers but --num-layers is {layers}; give one 0/1 per layer",
+        )
+    pattern = freq if isinstance(freq, list) else [int(i % freq == 0) for i in range(layers)]
+    if any(pattern) and args.tensor_model_parallel_size > 1 and not args.sequence_parallel:
+        # megatron-core's MoELayer raises in training mode when attention TP > 1 runs without it.
+        raise ConfigError(
+            "--tensor-model-parallel-size",
+            "> 1 with MoE layers needs --sequence-parallel in megatron-core (Transformer Engine, GPU "
+            "only); add it on GPUs or use --expert-model-parallel-size instead of TP",
         )
     if args.expert_model_parallel_size > 1 and args.moe_token_dispatcher_type == "allgather":
         # Megatron's allgather dispatcher gathers equal-sized token buffers over the expert-parallel

@@ -180,7 +180,11 @@ class WeightStore:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
-        self.params = dict(model.named_parameters(remove_duplicate=False))
+        self.params: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
+        # Persistent buffers are checkpoint tensors too: DeepSeek-V3's e_score_correction_bias is one
+        # in transformers (a parameter in SGLang's model); weight pushes and reads name it like the rest.
+        for name, tensor in model.state_dict(keep_vars=True).items():
+            self.params.setdefault(name, tensor)
         self.slices = expert_slices(model)
         self._released: dict[int, tuple[torch.Size, torch.dtype, torch.device]] = {}
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from slime.backends.megatron.conversion.base import ModelConverter
+from slime.backends.megatron.conversion.glm4 import Glm4Converter
 from slime.backends.megatron.conversion.llama_like import LlamaLikeConverter
 from slime.backends.megatron.conversion.qwen3_moe import Qwen3MoeConverter
 
@@ -12,6 +13,7 @@ _CONVERTERS: dict[str, type[ModelConverter]] = {
     "qwen3": LlamaLikeConverter,
     "qwen2_moe": Qwen3MoeConverter,
     "qwen3_moe": Qwen3MoeConverter,
+    "glm4": Glm4Converter,
 }
 
 

@@ -125,6 +125,14 @@ def _patch_torch_cuda() -> None:
 
     token_dispatcher.maybe_move_tensor_to_cpu = _split_sizes_on_host
 
+    # YaRN's RoPE (multi-latent attention) builds its tables under ``torch.device(current_device())``
+    # unless told to use the CPU, and multi-latent attention never tells it; no argument rewrite
+    # reaches a device context.
+    from megatron.core.models.common.embeddings import yarn_rotary_pos_embedding as yarn
+
+    build_yarn = yarn.YarnRotaryEmbedding.__init__
+    yarn.YarnRotaryEmbedding.__init__ = functools.partialmethod(build_yarn, use_cpu_initialization=True)
+
 
 def _split_sizes_on_host(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
     """The MoE all-to-all dispatcher's device-to-host copy of its split sizes, for tensors already here.

@@ -7,6 +7,7 @@ import argparse
 import torch
 from megatron.core import parallel_state as mpu
 from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
+from megatron.core.extensions import transformer_engine as te_extension
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_decoder_block_spec,
@@ -16,6 +17,7 @@ from megatron.core.models.gpt.gpt_layer_specs import (
 from megatron.core.optimizer import MegatronOptimizer, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer import multi_latent_attention as mla
 from megatron.core.transformer.module import Float16Module
 from megatron.core.transformer.moe import moe_utils
 
@@ -31,6 +33,10 @@ if not moe_utils.HAVE_TE:
     # megatron-core 0.16's router GEMM tests ``te_general_gemm is not None`` but only binds the name
     # when Transformer Engine imports; without TE every MoE forward raises NameError.
     moe_utils.te_general_gemm = None
+if not te_extension.HAVE_TE:
+    # That module imports without Transformer Engine too (its TE classes then are mocks), so MLA
+    # takes TE for present and ``isinstance(module, <mock>)`` raises while the layer is built.
+    mla.HAVE_TE = False
 
 
 def _layer_spec(args: argparse.Namespace, config: TransformerConfig, vp_stage: int | None):

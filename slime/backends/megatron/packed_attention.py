@@ -35,7 +35,19 @@ def packed_seq_params(batch: MicroBatch) -> PackedSeqParams | None:
 class PackedDotProductAttention(DotProductAttention):
     """megatron-core's local attention, accepting THD input: causal attention run on each sequence of
     the packed row in turn, so every token sees exactly the keys of its own unpacked sequence and no
-    score is computed across sequences (what variable-length flash attention does on a GPU)."""
+    score is computed across sequences (what variable-length flash attention does on a GPU).
+
+    It also takes the per-head key and value sizes that multi-latent attention gives its core
+    attention (Transformer Engine's takes them; megatron-core's local one has only ``kv_channels``):
+    the keys' size only shows in the softmax scale, which MLA passes itself, and the values' sets the
+    width of the output.
+    """
+
+    def __init__(self, *args, k_channels: int | None = None, v_channels: int | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if v_channels is not None:
+            heads_here = self.hidden_size_per_partition // self.hidden_size_per_attention_head
+            self.hidden_size_per_partition = v_channels * heads_here
 
     def forward(
         self,

@@ -59,12 +59,21 @@ def _num_local_experts(chunk: torch.nn.Module) -> int:
     return experts // mpu.get_expert_model_parallel_world_size()
 
 
-def named_global_params(chunk: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Parameter]]:
-    """``(global name, local parameter)`` for one model chunk, layers and experts renumbered globally."""
+def _checkpoint_buffers(chunk: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """Buffers that HF checkpoints hold as tensors: the MoE router's ``expert_bias`` (DeepSeek-V3's
+    ``e_score_correction_bias``), which routes but is not trained by the optimizer."""
+    for name, buffer in chunk.named_buffers():
+        if name.endswith("router.expert_bias") and buffer is not None:
+            yield name, buffer
+
+
+def named_global_params(chunk: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(global name, local tensor)`` for one model chunk's parameters (and the buffers HF keeps as
+    weights, ``_checkpoint_buffers``), layers and experts renumbered globally."""
     model = unwrap(chunk)
     global_index = [layer.layer_number - 1 for layer in model.decoder.layers] if model.decoder else []
     expert_offset = mpu.get_expert_model_parallel_rank() * _num_local_experts(chunk)
-    for name, param in chunk.named_parameters():
+    for name, param in [*chunk.named_parameters(), *_checkpoint_buffers(chunk)]:
         name = _strip_wrappers(name)
         match = _LOCAL_LAYER.match(name)
         if match:

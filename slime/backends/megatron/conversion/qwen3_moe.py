@@ -12,6 +12,7 @@ is ``mlp.shared_experts.linear_fc{1,2}`` with ``gate_weight``; every ``linear_fc
 from __future__ import annotations
 
 import re
+from typing import ClassVar
 
 import torch
 
@@ -22,12 +23,6 @@ _EXPERT = re.compile(
     r"^mlp\.experts\.(?:local_experts\.(?P<local>\d+)\.(?P<fc>linear_fc[12])\.weight"
     r"|(?P<grouped_fc>linear_fc[12])\.weight(?P<grouped>\d+))$"
 )
-# Megatron name (inside a layer) -> HF name, for the tensors that map one to one.
-_MOE_LAYER = {
-    "mlp.router.weight": "mlp.gate.weight",
-    "mlp.shared_experts.gate_weight": "mlp.shared_expert_gate.weight",
-    "mlp.shared_experts.linear_fc2.weight": "mlp.shared_expert.down_proj.weight",
-}
 _SHARED_FC1 = "mlp.shared_experts.linear_fc1.weight"
 
 
@@ -42,15 +37,28 @@ def _expert(rest: str) -> tuple[int, str] | None:
 
 
 class Qwen3MoeConverter(LlamaLikeConverter):
+    SHARED = "mlp.shared_expert."
+    """HF prefix of the shared expert's gated MLP."""
+    ONE_TO_ONE: ClassVar[dict[str, str]] = {
+        "mlp.router.weight": "mlp.gate.weight",
+        "mlp.shared_experts.gate_weight": "mlp.shared_expert_gate.weight",
+    }
+    """Megatron name (inside a layer) -> HF name, for the tensors that map one to one."""
+
+    def _one_to_one(self, rest: str) -> str | None:
+        if rest == "mlp.shared_experts.linear_fc2.weight":
+            return self.SHARED + "down_proj.weight"
+        return self.ONE_TO_ONE.get(rest)
+
     def megatron_from_hf(self, name: str, hf: HFGetter) -> torch.Tensor:
         layer, rest = split_layer_name(name)
         if layer is None:
             return super().megatron_from_hf(name, hf)
         prefix = f"model.layers.{layer}."
-        if rest in _MOE_LAYER:
-            return hf(prefix + _MOE_LAYER[rest])
+        if (source := self._one_to_one(rest)) is not None:
+            return hf(prefix + source)
         if rest == _SHARED_FC1:
-            return self._fuse_gate_up(hf, prefix + "mlp.shared_expert.")
+            return self._fuse_gate_up(hf, prefix + self.SHARED)
         expert = _expert(rest)
         if expert is None:
             return super().megatron_from_hf(name, hf)
@@ -65,10 +73,10 @@ class Qwen3MoeConverter(LlamaLikeConverter):
         if layer is None:
             return super().hf_from_megatron(name, tensor)
         prefix = f"model.layers.{layer}."
-        if rest in _MOE_LAYER:
-            return [(prefix + _MOE_LAYER[rest], tensor)]
+        if (target := self._one_to_one(rest)) is not None:
+            return [(prefix + target, tensor)]
         if rest == _SHARED_FC1:
-            return self._split_gate_up(tensor, prefix + "mlp.shared_expert.")
+            return self._split_gate_up(tensor, prefix + self.SHARED)
         expert = _expert(rest)
         if expert is None:
             return super().hf_from_megatron(name, tensor)

@@ -63,7 +63,8 @@ def single_rank(ray_cluster, glm4_model):
 
 @pytest.fixture(scope="module")
 def engine(glm4_model, tmp_path_factory) -> Iterator[str]:
-    server = _start_engine(glm4_model, tmp_path_factory.mktemp("glm4_engine") / "engine.log")
+    log = tmp_path_factory.mktemp("glm4_engine") / "engine.log"
+    server = _start_engine(glm4_model, log, "--random-seed", "0")  # the same sampled tokens every run
     try:
         yield server.url
     finally:

@@ -19,6 +19,7 @@ ARCH_FLAGS = {
     "qwen2": model_args("tiny-qwen2.sh"),
     "qwen3": [*model_args("tiny-qwen2.sh"), "--qk-layernorm"],
     "llama": [*model_args("tiny-qwen2.sh"), "--untie-embeddings-and-output-weights"],
+    "glm4": model_args("tiny-glm4.sh"),
 }
 for flags in (ARCH_FLAGS["qwen3"], ARCH_FLAGS["llama"]):
     flags.remove("--add-qkv-bias")

@@ -25,21 +25,21 @@ def logprob_data():
     return data
 
 
-def run_layout(tiny_models, world, extra):
+def record_layout(group):
     """Weights and log-probs as loaded, then two SFT steps' metrics and the weights after them."""
+    loaded = group.hf_state_dict()
+    log_probs = group.compute_log_probs(logprob_data())
+    metrics = [m for _ in range(2) for m in group.train(sft_data(8))]
+    return {"loaded": loaded, "log_probs": log_probs, "metrics": metrics, "trained": group.hf_state_dict()}
+
+
+def run_layout(model_dir, world, extra, arch="qwen2"):
+    """``record_layout`` of a fresh trainer group of the tiny ``arch`` in this layout."""
     from ray.util.placement_group import remove_placement_group
 
-    group, _, pg = make_group(trainer_args(tiny_models["qwen2"], world=world, extra=extra))
+    group, _, pg = make_group(trainer_args(model_dir, arch=arch, world=world, extra=extra))
     try:
-        loaded = group.hf_state_dict()
-        log_probs = group.compute_log_probs(logprob_data())
-        metrics = [m for _ in range(2) for m in group.train(sft_data(8))]
-        return {
-            "loaded": loaded,
-            "log_probs": log_probs,
-            "metrics": metrics,
-            "trained": group.hf_state_dict(),
-        }
+        return record_layout(group)
     finally:
         group.shutdown()
         remove_placement_group(pg)
@@ -47,7 +47,7 @@ def run_layout(tiny_models, world, extra):
 
 @pytest.fixture(scope="module")
 def single_rank(ray_cluster, tiny_models):
-    return run_layout(tiny_models, 1, [])
+    return run_layout(tiny_models["qwen2"], 1, [])
 
 
 def differences(ours, ref):
@@ -70,21 +70,25 @@ def differences(ours, ref):
     return {**metric, "log_probs": log_probs, "weight": weight, "update": update}
 
 
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
-def test_layout_equals_single_rank(single_rank, tiny_models, layout):
-    ours = run_layout(tiny_models, *LAYOUTS[layout])
-
-    assert sorted(ours["loaded"]) == sorted(single_rank["loaded"])
-    for name, tensor in single_rank["loaded"].items():
+def assert_layout_matches(ours, ref):
+    """``ours`` (``record_layout`` of another layout) equals the single-rank ``ref``."""
+    assert sorted(ours["loaded"]) == sorted(ref["loaded"])
+    for name, tensor in ref["loaded"].items():
         assert torch.equal(ours["loaded"][name], tensor), name
-    assert sorted(ours["trained"]) == sorted(single_rank["trained"])
-    assert len(ours["metrics"]) == len(single_rank["metrics"]) == 2
-    assert [a.shape for a in ours["log_probs"]] == [b.shape for b in single_rank["log_probs"]]
+    assert sorted(ours["trained"]) == sorted(ref["trained"])
+    assert len(ours["metrics"]) == len(ref["metrics"]) == 2
+    assert [a.shape for a in ours["log_probs"]] == [b.shape for b in ref["log_probs"]]
 
-    diff = differences(ours, single_rank)
+    diff = differences(ours, ref)
     assert diff["loss"] <= 1e-5 and diff["grad_norm"] <= 1e-5, diff
     assert diff["log_probs"] <= 1e-5, diff
     # Adam's first steps move each weight by about +-lr (1e-3) whatever the gradient's size, so where a
     # gradient is near zero the summation-order rounding of another layout shows in a few elements.
     # A wrong shard or a missing gradient reduction would differ by a whole step in many of them.
     assert diff["weight"] <= 2e-4 and diff["update"] <= 1e-2, diff
+    return diff
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_layout_equals_single_rank(single_rank, tiny_models, layout):
+    assert_layout_matches(run_layout(tiny_models["qwen2"], *LAYOUTS[layout]), single_rank)

@@ -250,6 +250,7 @@ REQUIRED_VALUES = (
 # (attention extra, tied embeddings) as the models' config.json files state them.
 EXPECTED_SHAPE = {
     "qwen2.5-0.5B.sh": ("--add-qkv-bias", True),
+    "tiny-glm4.sh": ("--add-qkv-bias", True),
     "qwen3-0.6B.sh": ("--qk-layernorm", True),
     "qwen3-4B.sh": ("--qk-layernorm", True),
     "qwen3-8B.sh": ("--qk-layernorm", False),
@@ -257,7 +258,7 @@ EXPECTED_SHAPE = {
 }
 
 
-@pytest.mark.parametrize("name", ["tiny-qwen2.sh", *REAL_SCRIPTS])
+@pytest.mark.parametrize("name", ["tiny-qwen2.sh", "tiny-glm4.sh", *REAL_SCRIPTS])
 def test_model_scripts_define_required_flags(name: str) -> None:
     script = MODELS_DIR / name
     header = script.read_text().splitlines()[0]

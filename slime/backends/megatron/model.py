@@ -27,6 +27,7 @@ from slime.backends.megatron.config import (
     padded_vocab_size,
 )
 from slime.backends.megatron.packed_attention import PackedDotProductAttention
+from slime.backends.megatron.post_norm_layer import with_post_norms
 
 if not moe_utils.HAVE_TE:
     # megatron-core 0.16's router GEMM tests ``te_general_gemm is not None`` but only binds the name
@@ -44,8 +45,7 @@ def _layer_spec(args: argparse.Namespace, config: TransformerConfig, vp_stage: i
     te = args.transformer_impl == "transformer_engine"
     if args.num_experts:
         block = get_gpt_decoder_block_spec(config, te, normalization=args.normalization, vp_stage=vp_stage)
-        for layer in block.layer_specs:
-            _adapt(layer, te)
+        block.layer_specs = [_adapt(layer, args, te) for layer in block.layer_specs]
         return block
     if te:
         spec = get_gpt_layer_with_transformer_engine_spec(
@@ -57,13 +57,18 @@ def _layer_spec(args: argparse.Namespace, config: TransformerConfig, vp_stage: i
             normalization=args.normalization,
             multi_latent_attention=args.multi_latent_attention,
         )
-    return _adapt(spec, te)
+    return _adapt(spec, args, te)
 
 
-def _adapt(spec, te: bool):
-    """Packed (THD) micro-batches: the local attention learns them as a block-diagonal mask."""
+def _adapt(spec, args: argparse.Namespace, te: bool):
+    """Packed (THD) micro-batches: the local attention learns them as a block-diagonal mask. GLM-4's
+    norms of the attention and MLP outputs (``--post-self-attn-layernorm``, ``--post-mlp-layernorm``)."""
     if not te:
         spec.submodules.self_attention.submodules.core_attention = PackedDotProductAttention
+    if args.post_self_attn_layernorm or args.post_mlp_layernorm:
+        spec = with_post_norms(
+            spec, te, args.normalization, args.post_self_attn_layernorm, args.post_mlp_layernorm
+        )
     return spec
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from slime.backends.megatron.conversion.base import ModelConverter
 from slime.backends.megatron.conversion.deepseek_moe import DeepSeekMoeConverter, DeepSeekV3Converter
+from slime.backends.megatron.conversion.glm4 import Glm4Converter
 from slime.backends.megatron.conversion.llama_like import LlamaLikeConverter
 from slime.backends.megatron.conversion.qwen3_moe import Qwen3MoeConverter
 
@@ -13,6 +14,7 @@ _CONVERTERS: dict[str, type[ModelConverter]] = {
     "qwen3": LlamaLikeConverter,
     "qwen2_moe": Qwen3MoeConverter,
     "qwen3_moe": Qwen3MoeConverter,
+    "glm4": Glm4Converter,
     "glm4_moe": DeepSeekMoeConverter,
     "deepseek_v3": DeepSeekV3Converter,
     "kimi_k2": DeepSeekV3Converter,

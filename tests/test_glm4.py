@@ -1,0 +1,161 @@
+"""GLM-4 dense (``model_type`` glm4) on the tiny checkpoint: flags from config.json, the HF <-> Megatron
+round trip, Megatron's and the torch engine's log-probs against transformers, TP=2 against one rank,
+and a weight push from the TP=2 trainer read back from the engine tensor by tensor.
+
+The tiny checkpoint's norm weights and q/k/v biases are redrawn at random first: transformers starts
+them at ones and zeros, under which a swapped or dropped norm or bias would convert and compute exactly
+as the right one does.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+import torch
+from safetensors.torch import load_file, save_file
+from test_megatron_trainer import hf_logprobs, make_group, trainer_args
+from test_parallel_layouts import TP2, assert_layout_matches, logprob_data, record_layout, run_layout
+from test_torch_engine import _start_engine, forward_logprobs, generate
+from test_train_loop import engine_weights_equal
+
+from slime.config import parse_args
+
+GLM4_FLAGS = (
+    "rotary_percent",
+    "rotary_interleaved",
+    "post_self_attn_layernorm",
+    "post_mlp_layernorm",
+    "add_qkv_bias",
+    "add_bias_linear",
+    "qk_layernorm",
+    "kv_channels",
+    "num_query_groups",
+)
+
+
+@pytest.fixture(scope="module")
+def glm4_model(tmp_path_factory) -> Path:
+    """The tiny GLM-4 with norm weights ~ 1 + N(0, 0.1^2) and biases ~ N(0, 0.1^2), each its own draw."""
+    from tools.make_tiny_model import make_tiny_model
+
+    root = tmp_path_factory.mktemp("glm4")
+    model = shutil.copytree(make_tiny_model(root / "initial", arch="glm4"), root / "glm4")
+    state = load_file(model / "model.safetensors")
+    generator = torch.Generator().manual_seed(4)
+    for name, tensor in state.items():
+        noise = 0.1 * torch.randn(tensor.shape, generator=generator)
+        if name.endswith("norm.weight"):
+            state[name] = 1.0 + noise
+        elif name.endswith(".bias"):
+            state[name] = noise
+    save_file(state, model / "model.safetensors", metadata={"format": "pt"})
+    return model
+
+
+@pytest.fixture(scope="module")
+def single_rank(ray_cluster, glm4_model):
+    return run_layout(glm4_model, 1, [], arch="glm4")
+
+
+@pytest.fixture(scope="module")
+def engine(glm4_model, tmp_path_factory) -> Iterator[str]:
+    log = tmp_path_factory.mktemp("glm4_engine") / "engine.log"
+    server = _start_engine(glm4_model, log, "--random-seed", "0")  # the same sampled tokens every run
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def hf(glm4_model):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(glm4_model, dtype=torch.float32).eval()
+
+
+def test_tiny_glm4_script_matches_config_json_and_equals_what_it_fills(glm4_model):
+    scripted = trainer_args(glm4_model, arch="glm4")  # every flag of the script checked against config.json
+    bare = parse_args(
+        ["--hf-checkpoint", str(glm4_model), "--debug-train-only", "--loss-type", "sft_loss",
+         "--rollout-batch-size", "8", "--lr", "1e-3", "--num-rollout", "1"]
+    )  # fmt: skip
+    values = [getattr(scripted, dest) for dest in GLM4_FLAGS]
+    assert values == [0.5, True, True, True, True, False, False, 32, 2]
+    assert [getattr(bare, dest) for dest in GLM4_FLAGS] == values
+
+
+@pytest.mark.e2e
+def test_hf_to_megatron_to_hf_is_bit_exact(single_rank, glm4_model):
+    original = load_file(glm4_model / "model.safetensors")
+    assert sorted(single_rank["loaded"]) == sorted(original)
+    assert "model.layers.1.post_mlp_layernorm.weight" in original and "lm_head.weight" not in original
+    for name, tensor in original.items():
+        assert torch.equal(single_rank["loaded"][name], tensor), name
+
+
+@pytest.mark.e2e
+def test_megatron_logprobs_equal_transformers(single_rank, glm4_model):
+    theirs = hf_logprobs(glm4_model, logprob_data())
+    diff = max((a - b).abs().max().item() for a, b in zip(single_rank["log_probs"], theirs, strict=True))
+    print(f"GLM-4: max |log-prob(Megatron) - log-prob(transformers)| = {diff:.3g}")
+    assert diff <= 1e-4
+
+
+@pytest.mark.e2e
+def test_engine_logprobs_equal_transformers(engine, hf):
+    ids = [5, 17, 40, 3, 62, 11, 9, 28]
+    reply = generate(
+        engine,
+        input_ids=ids,
+        sampling_params={"max_new_tokens": 16, "temperature": 1.0, "ignore_eos": True},
+        return_logprob=True,
+        logprob_start_len=0,
+    )
+    meta = reply["meta_info"]
+    out = reply["output_ids"]
+    ours = torch.tensor([t[0] for t in meta["output_token_logprobs"]])
+    prompt = torch.tensor([t[0] for t in meta["input_token_logprobs"][1:]])
+    diff = max(
+        (ours - forward_logprobs(hf, ids + out, len(ids), 1.0)).abs().max().item(),
+        (prompt - forward_logprobs(hf, ids, 1, 1.0)).abs().max().item(),
+    )
+    print(f"GLM-4: max |log-prob(torch engine) - log-prob(transformers)| = {diff:.3g}")
+    assert len(out) == 16 and diff <= 1e-4
+
+
+@pytest.mark.e2e
+def test_tp2_equals_one_rank_and_its_push_reaches_every_engine_tensor(single_rank, glm4_model, engine, hf):
+    """The TP=2 trainer gathers every tensor (the replicated post norms, the sliced q/k/v and fused fc1)
+    and pushes it by HF name; the engine then holds the trained weights in every parameter it has."""
+    from ray.util.placement_group import remove_placement_group
+
+    from slime.weight_sync.engine_client import weight_update_session
+    from slime.weight_sync.settings import WeightSyncSettings
+
+    args = trainer_args(glm4_model, arch="glm4", world=2, extra=TP2)
+    settings = WeightSyncSettings.from_args(args)
+    group, _, pg = make_group(args)
+    try:
+        ours = record_layout(group)
+        group.connect_engines([engine], settings)
+        with weight_update_session([engine], settings.timeout_s):
+            group.update_weights("tp2-1")
+    finally:
+        group.shutdown()
+        remove_placement_group(pg)
+    try:
+        diff = assert_layout_matches(ours, single_rank)
+        print(f"GLM-4 TP=2 vs one rank: {diff}")
+        trained = ours["trained"]
+        tied = {"lm_head.weight": trained["model.embed_tokens.weight"]}
+        engine_names = {name for name, _ in hf.named_parameters(remove_duplicate=False)}
+        assert engine_names == set(trained) | set(tied)
+        engine_weights_equal(engine, trained | tied)
+    finally:
+        reply = requests.post(f"{engine}/update_weights_from_disk", json={"model_path": str(glm4_model)})
+        assert reply.json()["success"], reply.text

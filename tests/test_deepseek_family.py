@@ -171,3 +171,16 @@ def test_grpo_on_deepseek_v3_at_ep2_is_on_policy_and_every_engine_gets_every_ten
             for url in ray.get(session.rollout.engine_urls.remote()):
                 assert get_json(f"{url}/model_info")["weight_version"] == str(loop.version)
                 engine_weights_equal(url, expected)
+
+
+def test_multi_token_prediction_layers_are_found_and_left_unread():
+    from slime.backends.megatron.hf_checkpoint import unbuilt_layers
+
+    names = ["model.layers.0.mlp.gate.weight", "model.layers.60.self_attn.o_proj.weight"]
+    names += [
+        "model.layers.61.enorm.weight",
+        "model.layers.61.mlp.experts.0.up_proj.weight",
+        "lm_head.weight",
+    ]
+    assert unbuilt_layers(names, 61) == [61]
+    assert unbuilt_layers(names, 62) == []

@@ -4,6 +4,8 @@ full HF tensors, streaming them to global rank 0 bucket by bucket, and writing t
 from __future__ import annotations
 
 import json
+import logging
+import re
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,9 +21,12 @@ from slime.backends.megatron.sharding import (
     gathered_global_tensors,
     named_global_params,
     shard_for_this_rank,
+    unwrap,
 )
 from slime.weight_sync.bucketing import iter_buckets
 from slime.weight_sync.senders import is_stage_leader, walks_hf_weights
+
+logger = logging.getLogger(__name__)
 
 
 class SafetensorsReader:
@@ -56,12 +61,27 @@ class SafetensorsReader:
         return self._handles[path].get_tensor(name)
 
 
+_HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def unbuilt_layers(names: list[str], num_layers: int) -> list[int]:
+    """HF layer numbers in ``names`` past the model's ``num_layers``: DeepSeek-V3 and GLM-4.5 keep
+    their multi-token-prediction layers there (``model.layers.<num_hidden_layers>...``)."""
+    found = {int(match.group(1)) for name in names if (match := _HF_LAYER.match(name))}
+    return sorted(layer for layer in found if layer >= num_layers)
+
+
 @torch.no_grad()
 def load_hf_weights(
     model_chunks: list[torch.nn.Module], checkpoint_dir: str | Path, converter: ModelConverter, gated: bool
 ) -> None:
     """Copies the HF checkpoint into this rank's shards of every model chunk (call before the optimizer)."""
     reader = SafetensorsReader(checkpoint_dir)
+    num_layers = unwrap(model_chunks[0]).config.num_layers
+    if (extra := unbuilt_layers(reader.names(), num_layers)) and dist.get_rank() == 0:
+        logger.info(
+            "HF layers %s are past the model's %d (multi-token prediction): not loaded", extra, num_layers
+        )
     for chunk in model_chunks:
         for name, param in named_global_params(chunk):
             full = converter.megatron_from_hf(name, reader.get)

@@ -131,3 +131,22 @@ async def with_http_server(path: str, handler, body):
         return await body(f"http://127.0.0.1:{runner.addresses[0][1]}{path}")
     finally:
         await runner.cleanup()
+
+
+def redraw_norms_and_biases(model: Path, seed: int) -> Path:
+    """``model`` (a tiny checkpoint, rewritten in place) with norm weights ~ 1 + N(0, 0.1^2) and biases
+    ~ N(0, 0.1^2), each its own draw: transformers starts them at ones and zeros, under which a swapped
+    or dropped norm or bias would convert and compute exactly as the right one does."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(model / "model.safetensors")
+    generator = torch.Generator().manual_seed(seed)
+    for name, tensor in state.items():
+        noise = 0.1 * torch.randn(tensor.shape, generator=generator)
+        if name.endswith("norm.weight"):
+            state[name] = 1.0 + noise
+        elif name.endswith(".bias") and not name.endswith("e_score_correction_bias"):
+            state[name] = noise
+    save_file(state, model / "model.safetensors", metadata={"format": "pt"})
+    return model

@@ -9,10 +9,12 @@ Megatron flag comes from config.json alone.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import redraw_norms_and_biases
 from safetensors.torch import load_file
 from test_moe import run
 
@@ -27,7 +29,29 @@ def family_models(tmp_path_factory):
     from tools.make_tiny_model import make_tiny_model
 
     root = tmp_path_factory.mktemp("deepseek_family")
-    return {arch: make_tiny_model(root / arch, arch=arch, tie_word_embeddings=False) for arch in FAMILIES}
+    made = {
+        arch: make_tiny_model(root / "initial" / arch, arch=arch, tie_word_embeddings=False)
+        for arch in FAMILIES
+    }
+    return {
+        arch: redraw_norms_and_biases(shutil.copytree(path, root / arch), 3) for arch, path in made.items()
+    }
+
+
+@pytest.mark.e2e
+def test_the_torch_engine_serves_glm4_moe_as_transformers_computes_it(family_models, tmp_path):
+    """(DeepSeek-V3's engine is checked by the GRPO run below: its log-probs against the trainer's.)"""
+    from test_torch_engine import _start_engine, engine_logprob_diff
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(family_models["glm4_moe"], dtype=torch.float32).eval()
+    server = _start_engine(family_models["glm4_moe"], tmp_path / "engine.log", "--random-seed", "0")
+    try:
+        diff = engine_logprob_diff(server.url, hf)
+    finally:
+        server.stop()
+    print(f"glm4_moe: max |log-prob(torch engine) - log-prob(transformers)| = {diff:.3g}")
+    assert diff <= 1e-4
 
 
 def test_config_json_alone_gives_each_family_its_megatron_flags(family_models):

@@ -2,9 +2,8 @@
 round trip, Megatron's and the torch engine's log-probs against transformers, TP=2 against one rank,
 and a weight push from the TP=2 trainer read back from the engine tensor by tensor.
 
-The tiny checkpoint's norm weights and q/k/v biases are redrawn at random first: transformers starts
-them at ones and zeros, under which a swapped or dropped norm or bias would convert and compute exactly
-as the right one does.
+The tiny checkpoint's norm weights and q/k/v biases are redrawn at random first
+(``conftest.redraw_norms_and_biases``).
 """
 
 from __future__ import annotations
@@ -16,10 +15,11 @@ from pathlib import Path
 import pytest
 import requests
 import torch
-from safetensors.torch import load_file, save_file
+from conftest import redraw_norms_and_biases
+from safetensors.torch import load_file
 from test_megatron_trainer import hf_logprobs, make_group, trainer_args
 from test_parallel_layouts import TP2, assert_layout_matches, logprob_data, record_layout, run_layout
-from test_torch_engine import _start_engine, forward_logprobs, generate
+from test_torch_engine import _start_engine, engine_logprob_diff
 from test_train_loop import engine_weights_equal
 
 from slime.config import parse_args
@@ -39,21 +39,12 @@ GLM4_FLAGS = (
 
 @pytest.fixture(scope="module")
 def glm4_model(tmp_path_factory) -> Path:
-    """The tiny GLM-4 with norm weights ~ 1 + N(0, 0.1^2) and biases ~ N(0, 0.1^2), each its own draw."""
     from tools.make_tiny_model import make_tiny_model
 
     root = tmp_path_factory.mktemp("glm4")
-    model = shutil.copytree(make_tiny_model(root / "initial", arch="glm4"), root / "glm4")
-    state = load_file(model / "model.safetensors")
-    generator = torch.Generator().manual_seed(4)
-    for name, tensor in state.items():
-        noise = 0.1 * torch.randn(tensor.shape, generator=generator)
-        if name.endswith("norm.weight"):
-            state[name] = 1.0 + noise
-        elif name.endswith(".bias"):
-            state[name] = noise
-    save_file(state, model / "model.safetensors", metadata={"format": "pt"})
-    return model
+    return redraw_norms_and_biases(
+        shutil.copytree(make_tiny_model(root / "initial", arch="glm4"), root / "glm4"), 4
+    )
 
 
 @pytest.fixture(scope="module")
@@ -108,24 +99,9 @@ def test_megatron_logprobs_equal_transformers(single_rank, glm4_model):
 
 @pytest.mark.e2e
 def test_engine_logprobs_equal_transformers(engine, hf):
-    ids = [5, 17, 40, 3, 62, 11, 9, 28]
-    reply = generate(
-        engine,
-        input_ids=ids,
-        sampling_params={"max_new_tokens": 16, "temperature": 1.0, "ignore_eos": True},
-        return_logprob=True,
-        logprob_start_len=0,
-    )
-    meta = reply["meta_info"]
-    out = reply["output_ids"]
-    ours = torch.tensor([t[0] for t in meta["output_token_logprobs"]])
-    prompt = torch.tensor([t[0] for t in meta["input_token_logprobs"][1:]])
-    diff = max(
-        (ours - forward_logprobs(hf, ids + out, len(ids), 1.0)).abs().max().item(),
-        (prompt - forward_logprobs(hf, ids, 1, 1.0)).abs().max().item(),
-    )
+    diff = engine_logprob_diff(engine, hf)
     print(f"GLM-4: max |log-prob(torch engine) - log-prob(transformers)| = {diff:.3g}")
-    assert len(out) == 16 and diff <= 1e-4
+    assert diff <= 1e-4
 
 
 @pytest.mark.e2e

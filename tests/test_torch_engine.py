@@ -98,6 +98,27 @@ def forward_logprobs(model, ids: list[int], prompt_len: int, temperature: float)
     return logprobs[prompt_len - 1 : len(ids) - 1].gather(1, targets[:, None])[:, 0]
 
 
+def engine_logprob_diff(url: str, model) -> float:
+    """The largest difference between the engine's log-probs (16 sampled tokens at T = 1, and the
+    prompt's) and transformers' ``model`` on the same tokens."""
+    ids = [5, 17, 40, 3, 62, 11, 9, 28]
+    reply = generate(
+        url,
+        input_ids=ids,
+        sampling_params={"max_new_tokens": 16, "temperature": 1.0, "ignore_eos": True},
+        return_logprob=True,
+        logprob_start_len=0,
+    )
+    meta, out = reply["meta_info"], reply["output_ids"]
+    assert len(out) == 16
+    ours = torch.tensor([t[0] for t in meta["output_token_logprobs"]])
+    prompt = torch.tensor([t[0] for t in meta["input_token_logprobs"][1:]])
+    return max(
+        (ours - forward_logprobs(model, ids + out, len(ids), 1.0)).abs().max().item(),
+        (prompt - forward_logprobs(model, ids, 1, 1.0)).abs().max().item(),
+    )
+
+
 def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
     """transformers' greedy continuation with EOS suppressed (engine side: min_new_tokens == n)."""
     with torch.no_grad():

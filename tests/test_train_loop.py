@@ -178,25 +178,14 @@ def test_train_py_runs_grpo_logs_every_scalar_and_resumes_exactly(tiny_run_flags
         assert resumed[tag][0][1] == pytest.approx(scalars[tag][2][1], rel=1e-6, abs=1e-9), tag
 
 
-def test_num_epoch_alone_sets_the_number_of_rollouts_from_the_data(tiny_run_flags, tmp_path):
-    """8 prompts, 4 per rollout, one epoch: 2 rollouts, known before the trainers build their LR
-    schedule (before, --num-epoch without --num-rollout crashed after every process had started)."""
-    tb = tmp_path / "tb"
-    flags = tiny_run_flags(
-        "--tb-dir", str(tb), **ONE_PER_SIDE, lr_decay_style="linear", num_rollout=None, num_epoch=1
-    )
-    result = run_train(flags)
-    assert "--num-epoch 1: 2 rollouts" in result.stderr
-    scalars = read_events(tb)
-    assert [step for step, _ in scalars["train/loss"]] == [0, 1]
-    lrs = [value for _, value in scalars["train/lr"]]
-    assert lrs == pytest.approx([5e-5, 0.0])  # after each step of a linear decay from 1e-4 over 2 steps
-
-
 def test_a_text_form_generate_trains_and_evaluates(tiny_run_flags, tmp_path):
     """The usage guide's custom generate (text to the router, ``sample.response`` set, no tokens) with
     chat prompts and a custom reward: before, its samples never finished and rollout 0 drew prompts
-    until killed; now it trains (no engine log-probs, so no mismatch metrics) and evaluates."""
+    until killed; now it trains (no engine log-probs, so no mismatch metrics) and evaluates.
+
+    The run is also one epoch by ``--num-epoch`` alone (3 prompts, 2 per rollout: 1 rollout), known
+    before the trainers build their LR schedule: before, --num-epoch without --num-rollout crashed
+    after every process had started, and a wrong count would show in the linear decay's LR."""
     prompts, tb = write_chat_prompts(tmp_path / "chat.jsonl"), tmp_path / "tb"
     plugins = REPO / "tests/text_form_generate.py"
     flags = tiny_run_flags(
@@ -204,11 +193,14 @@ def test_a_text_form_generate_trains_and_evaluates(tiny_run_flags, tmp_path):
         "--custom-generate-function-path", f"{plugins}:text_generate",
         "--custom-rm-path", f"{plugins}:first_letter_reward",
         "--eval-prompt-data", "chat", str(prompts), "--eval-input-key", "messages", "--eval-interval", "1",
-        **ONE_PER_SIDE, prompt_data=prompts, rm_type=None, num_rollout=1, rollout_batch_size=2,
+        **ONE_PER_SIDE, prompt_data=prompts, rm_type=None, num_rollout=None, num_epoch=1,
+        lr_decay_style="linear", rollout_batch_size=2,
     )  # fmt: skip
-    run_train(flags)
+    result = run_train(flags)
+    assert "--num-epoch 1: 1 rollouts" in result.stderr
     scalars = read_events(tb)
     assert [step for step, _ in scalars["train/loss"]] == [0]
+    assert [value for _, value in scalars["train/lr"]] == [0.0]  # after the one step of a decay over one
     assert scalars["train/ppo_kl"][0][1] < 1e-6 and scalars["train/grad_norm"][0][1] > 0
     assert "train/train_rollout_logprob_abs_diff" not in scalars
     assert [step for step, _ in scalars["eval/chat"]] == [-1, 0]

@@ -28,7 +28,8 @@ logger = logging.getLogger("slime")
 Check = Callable[[argparse.Namespace], None]
 
 # Run-time errors whose message is the whole story (they name the engine, plugin, rank or cluster at fault).
-ONE_LINE_RUN_ERRORS = (EngineCallError, RolloutError, TrainerFailure, RayClusterUnreachable)
+# DataError here: under --streaming-data a malformed record is met when it is served.
+ONE_LINE_RUN_ERRORS = (EngineCallError, RolloutError, TrainerFailure, RayClusterUnreachable, DataError)
 
 # Flags the parser knows (so scripts written for slime parse) whose implementation has not landed:
 # refusing them beats silently training without them. Each entry: (flag, is it set?, what to do).

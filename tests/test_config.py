@@ -484,6 +484,27 @@ def test_missing_or_malformed_paths(
     assert text in expect_error(capsys, base(hf, *extra), flag)
 
 
+@pytest.mark.parametrize(
+    ("extra", "flag", "text"),
+    [
+        (
+            ["--streaming-data", "--data-source-path", "m.C"],
+            "--streaming-data",
+            "not to a --data-source-path",
+        ),
+        (["--num-data-workers", "2", "--data-source-path", "m.C"], "--num-data-workers", "reads its own"),
+        (["--on-bad-prompt", "skip", "--data-source-path", "m.C"], "--on-bad-prompt", "reads its own"),
+        (["--streaming-data"], "--streaming-data", "reads --prompt-data"),
+        (["--num-data-workers", "100000"], "--num-data-workers", "only add processes"),
+        (["--num-data-workers", "-1"], "--num-data-workers", "must not be negative"),
+    ],
+)
+def test_large_prompt_set_flags_are_checked_before_anything_starts(
+    hf: str, capsys: pytest.CaptureFixture[str], extra: list[str], flag: str, text: str
+) -> None:
+    assert text in expect_error(capsys, base(hf, *extra), flag)
+
+
 # --- validation: plugins -----------------------------------------------------------------------
 
 

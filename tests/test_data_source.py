@@ -95,9 +95,12 @@ def test_chat_template_renders_with_the_model_tokenizer(tmp_path):
         "<|im_start|>user\nsort 321<|im_end|>\n<|im_start|>assistant\n",
         "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
     ]
-    # --rollout-max-prompt-len drops prompts longer than that many tokens (character-level tokenizer).
+    # --rollout-max-prompt-len: prompts longer than that many tokens (character-level tokenizer) keep
+    # their place in the order (len counts records) but are never served.
     args.rollout_max_prompt_len = 30
-    assert len(PromptDataSource.from_args(args)) == 1
+    capped = PromptDataSource.from_args(args)
+    assert len(capped) == 2
+    assert prompts_of(capped.get_samples(3)) == [data.prompts[0].prompt] * 3
 
 
 def test_groups_are_independent_copies_with_increasing_indices(tmp_path):

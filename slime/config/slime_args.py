@@ -24,6 +24,7 @@ def add_slime_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     rollout.add_rollout_arguments(parser)
     rollout.add_fault_tolerance_arguments(parser)
     rollout.add_data_arguments(parser)
+    rollout.add_data_loading_arguments(parser)
     train.add_algorithm_arguments(parser)
     rollout.add_reward_arguments(parser)
     train.add_weight_sync_arguments(parser)

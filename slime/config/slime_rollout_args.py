@@ -1,4 +1,5 @@
-"""slime's own flags, rollout side: cluster, rollout, fault tolerance, data, reward, evaluation."""
+"""slime's own flags, rollout side: cluster, rollout, fault tolerance, data, large prompt sets, reward,
+evaluation."""
 
 from __future__ import annotations
 
@@ -224,6 +225,35 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tool-key", type=str, default=None, help="Field holding tool schemas for the template.")
     g.add_argument(
         "--apply-chat-template", action="store_true", help="Wrap prompts with the tokenizer's chat template."
+    )
+
+
+def add_data_loading_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group(
+        "slime: large prompt sets",
+        "How --prompt-data is read. By default every record is read, templated and checked at start-up "
+        "and held in memory; README 'Large prompt sets' gives the costs measured at 1M prompts.",
+    )
+    g.add_argument(
+        "--streaming-data",
+        action="store_true",
+        help="Index the prompt file at start-up (12 bytes per JSONL record) and read each prompt when "
+        "served: same prompts, same order, same resume as in memory, without holding the data.",
+    )
+    g.add_argument(
+        "--num-data-workers",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="Processes that parse, chat-template and length-check prompts: at start-up in memory, ahead "
+        "of each rollout with --streaming-data. The order served does not depend on N (0: in-process).",
+    )
+    g.add_argument(
+        "--on-bad-prompt",
+        choices=["stop", "skip"],
+        default="stop",
+        help="A malformed record (bad JSON, missing or ill-typed key) stops the run with one line naming "
+        "file:line (in memory: at start-up; streaming: when served), or is skipped and counted.",
     )
 
 

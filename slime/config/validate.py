@@ -46,6 +46,7 @@ def validate_args(args: argparse.Namespace, explicit: Collection[str] | None = N
     _check_ranges(args)
     check_sglang_server_args(args.sglang_server_args)
     _check_paths(args)
+    _check_data_loading(args)
     _derive_model(args, given)
     _check_cluster(args)
     _check_batch(args)
@@ -154,6 +155,31 @@ def _check_paths(args: argparse.Namespace) -> None:
         )
     for _, spec in args.eval_datasets:
         _check_data_file("--eval-prompt-data", spec)
+
+
+def _check_data_loading(args: argparse.Namespace) -> None:
+    """The "large prompt sets" flags read --prompt-data; a --data-source-path class reads its own."""
+    chosen = [
+        flag
+        for flag, is_set in (
+            ("--streaming-data", args.streaming_data),
+            ("--num-data-workers", args.num_data_workers > 0),
+            ("--on-bad-prompt", args.on_bad_prompt != "stop"),
+        )
+        if is_set
+    ]
+    if chosen and args.data_source_path is not None:
+        raise ConfigError(
+            chosen[0], "applies to --prompt-data, not to a --data-source-path class (it reads its own data)"
+        )
+    if args.streaming_data and args.prompt_data is None:
+        raise ConfigError("--streaming-data", "reads --prompt-data; pass the prompt file or drop the flag")
+    cpus = os.cpu_count() or 1
+    if args.num_data_workers > cpus:
+        raise ConfigError(
+            "--num-data-workers",
+            f"{args.num_data_workers} workers on {cpus} CPUs only add processes; use <= {cpus}",
+        )
 
 
 def check_checkpoint_to_load(args: argparse.Namespace, required: bool = False) -> int | None:

@@ -202,7 +202,7 @@ class RolloutManager:
         eval_datasets: dict[str, list[Sample]] | None = None,
     ) -> None:
         """``data_source`` / ``eval_datasets``: already read by the driver (which checks the data before
-        starting anything); read from the flags when not given."""
+        starting anything); read from the flags when not given (``--streaming-data``: always)."""
         self.args = args
         self.log_dir = log_dir or run_log_dir()
         self.engines = EnginePool(args, pg, bundle_indices, self.log_dir)
@@ -366,7 +366,9 @@ class RolloutManager:
             self.resume_health_checks()
 
     def shutdown(self) -> None:
-        """Stops the engines and the router; safe to call twice."""
+        """Stops the engines, the router and the data source's workers; safe to call twice."""
+        if (close := getattr(self.data_source, "close", None)) is not None:
+            close()
         if (health := self._health()) is not None:
             health.stop()
         self.engines.shutdown()

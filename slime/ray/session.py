@@ -66,13 +66,17 @@ class TrainingSession:
 
     def _start(self) -> None:
         from slime.ray.rollout_manager import RolloutManager, load_eval_datasets
-        from slime.rollout.data_source import make_data_source, rollouts_for_epochs
+        from slime.rollout.data_source import check_streaming_data, make_data_source, rollouts_for_epochs
 
         args = self.args
         # Read (and so check) the data before any process starts: a bad line is a one-line error.
-        data_source = make_data_source(args)
+        # --streaming-data: only the file's structure and first record here; the rollout manager
+        # builds its own source from the path, so the data never travels to it.
+        streaming = args.streaming_data and args.data_source_path is None
+        data_source = None if streaming else make_data_source(args)
+        sized = check_streaming_data(args) if streaming else data_source
         if args.num_rollout is None:  # --num-epoch: the trainers' LR schedule needs the count up front
-            args.num_rollout = rollouts_for_epochs(data_source, args.num_epoch, args.rollout_batch_size)
+            args.num_rollout = rollouts_for_epochs(sized, args.num_epoch, args.rollout_batch_size)
             logger.info("--num-epoch %d: %d rollouts", args.num_epoch, args.num_rollout)
         eval_datasets = load_eval_datasets(args)
         self._owns_ray = not ray.is_initialized() and not args.ray_address

@@ -7,6 +7,14 @@ the next rollout, and saves its position next to the checkpoint so a resumed run
 prompts the uninterrupted run would have seen (DESIGN.md §7, last invariant). The prompts themselves
 are read and checked by ``slime.rollout.prompt_files``; the source only orders them.
 
+Where the prompts live does not change what is served. In memory (the default) every record is read
+at start-up (``lazy_prompts.read_all``); with ``--streaming-data`` a one-pass index of the file is kept
+and each record is read when its turn comes (``lazy_prompts.LazyPrompts``), by ``--num-data-workers``
+processes ahead of time when given (``prompt_workers``). Either way the epoch's order is a permutation
+of every record of the file (slice), and a record that cannot be served (over
+``--rollout-max-prompt-len``, or malformed under ``--on-bad-prompt skip``) is skipped at its turn, so
+both sources serve the same prompts in the same order for the same seed, and ``len`` counts records.
+
 Saved position: ``<directory>/rollout/data_source_<rollout_id>.json``, a JSON object::
 
     {"format": 1, "num_prompts": 1000, "epoch": 2, "offset": 64,
@@ -30,8 +38,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
+
 from slime.config import ConfigError
-from slime.rollout.prompt_files import DataError, PromptFormat, load_prompts
+from slime.rollout.lazy_prompts import LazyPrompts, Outcome, Rejected, read_all
+from slime.rollout.prompt_files import DataError, PromptFormat
+from slime.rollout.prompt_index import PromptIndex
+from slime.rollout.prompt_workers import Lookahead, PromptWorkers
 from slime.rollout.sample import Sample
 
 logger = logging.getLogger(__name__)
@@ -95,6 +108,24 @@ def make_data_source(args: argparse.Namespace) -> DataSource:
     return load_function(args.data_source_path)(args)
 
 
+def check_streaming_data(args: argparse.Namespace) -> PromptIndex:
+    """The driver's look at ``--prompt-data`` under ``--streaming-data``, before anything starts: the
+    index pass (structure, slice, the record count ``--num-epoch`` needs) and, under
+    ``--on-bad-prompt stop``, the fields of the first record (a wrong ``--input-key`` fails here, not
+    at rollout 0). The other records are checked when served: a full parse would cost seconds per
+    million records (README "Large prompt sets")."""
+    if args.prompt_data is None:
+        raise DataError("--prompt-data is required to generate rollouts; pass a JSONL or Parquet file")
+    index = PromptIndex.build(args.prompt_data)
+    if args.on_bad_prompt == "stop":
+        fields_only = argparse.Namespace(**{**vars(args), "apply_chat_template": False})
+        fields_only.rollout_max_prompt_len = None  # no tokenizer in the driver
+        first = LazyPrompts(index, PromptFormat.from_args(fields_only))[0]
+        if isinstance(first, Rejected):
+            raise DataError(first.message)
+    return index
+
+
 def pick_first(buffer: list[list[Sample]], num_groups: int) -> list[list[Sample]]:
     """The default buffer selection: the groups returned earliest."""
     return buffer[:num_groups]
@@ -109,38 +140,63 @@ class PromptDataSource:
 
     def __init__(
         self,
-        prompts: Sequence[Sample],
+        prompts: Sequence[Outcome] | LazyPrompts,
         *,
         n_samples_per_prompt: int = 1,
         shuffle: bool = False,
         seed: int = 42,
         buffer_filter: BufferFilter = pick_first,
+        stop_on_bad: bool = True,
+        workers: PromptWorkers | None = None,
+        prefetch: int = 0,
     ) -> None:
-        """``prompts``: the Samples of one epoch, however they were read (``prompt_files.load_prompts``
-        for ``--prompt-data``); ``buffer_filter`` picks which returned groups are served first
-        (``--buffer-filter-path``)."""
-        if not prompts:
+        """``prompts``: one epoch's records, read (a list of Samples, or ``Rejected`` for those never
+        served) or to be read (``LazyPrompts``, ``--streaming-data``); ``buffer_filter`` picks which
+        returned groups are served first (``--buffer-filter-path``); ``stop_on_bad``: a malformed
+        record met while serving stops the run (``--on-bad-prompt stop``) instead of being skipped.
+        ``workers`` read lazy prompts ``prefetch`` positions ahead of the served one; the source
+        closes them in ``close``."""
+        if not len(prompts):
             raise DataError("no prompts to serve")
         if n_samples_per_prompt < 1:
             raise ValueError(f"n_samples_per_prompt must be >= 1, got {n_samples_per_prompt}")
-        self.prompts = list(prompts)
+        self.prompts = prompts if isinstance(prompts, LazyPrompts) else list(prompts)
         self.n_samples_per_prompt = n_samples_per_prompt
         self.shuffle = shuffle
         self.seed = seed
+        self.stop_on_bad = stop_on_bad
         self.epoch = 0
         self.offset = 0
         self.next_group_index = 0
         self.next_sample_index = 0
         self.buffer: list[list[Sample]] = []
         self.buffer_filter = buffer_filter
+        self.skipped = 0
+        """Malformed records skipped so far (``--on-bad-prompt skip``)."""
+        self.workers = workers
+        self.prefetch = prefetch
+        self._lookahead = Lookahead(workers) if workers is not None else None
+        self._orders: dict[int, np.ndarray] = {}
+        self._ahead = (0, 0)  # the first (epoch, offset) not submitted to the lookahead yet
         self._order = self._epoch_order(0)
+        self._fill_lookahead(prefetch)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> PromptDataSource:
         """Build from parsed flags: --prompt-data, --*-key, --apply-chat-template, --rollout-* ."""
         if args.prompt_data is None:
             raise DataError("--prompt-data is required to generate rollouts; pass a JSONL or Parquet file")
-        prompts = load_prompts(args.prompt_data, PromptFormat.from_args(args))
+        lazy = LazyPrompts(PromptIndex.build(args.prompt_data), PromptFormat.from_args(args))
+        stop_on_bad = args.on_bad_prompt == "stop"
+        workers = PromptWorkers(lazy, args.num_data_workers) if args.num_data_workers else None
+        prompts: Sequence[Outcome] | LazyPrompts = lazy
+        if not args.streaming_data:
+            try:
+                prompts = read_all(lazy, workers, stop_on_bad)
+            finally:
+                if workers is not None:
+                    workers.close()
+            workers = None
         buffer_filter = pick_first
         if args.buffer_filter_path is not None:
             from slime.utils.plugins import load_function
@@ -152,17 +208,31 @@ class PromptDataSource:
             shuffle=args.rollout_shuffle,
             seed=args.rollout_seed,
             buffer_filter=buffer_filter,
+            stop_on_bad=stop_on_bad,
+            workers=workers,
+            prefetch=args.over_sampling_batch_size or args.rollout_batch_size or 0,
         )
 
     def __len__(self) -> int:
-        """Number of prompts in one epoch (what --num-epoch multiplies)."""
+        """Number of records in one epoch (what --num-epoch multiplies), those never served included."""
         return len(self.prompts)
 
-    def _epoch_order(self, epoch: int) -> list[int]:
-        order = list(range(len(self.prompts)))
-        if self.shuffle:
-            random.Random(self.seed + epoch).shuffle(order)
-        return order
+    def _epoch_order(self, epoch: int) -> np.ndarray:
+        """Record positions in epoch ``epoch``'s order: ``random.Random(seed + epoch).shuffle`` of
+        ``range(len)``, as before streaming existed, so saved positions keep their meaning."""
+        if epoch not in self._orders:
+            if self.shuffle:
+                order = list(range(len(self.prompts)))
+                random.Random(self.seed + epoch).shuffle(order)
+                self._orders[epoch] = np.array(order, dtype=np.int64)
+            else:
+                self._orders[epoch] = np.arange(len(self.prompts), dtype=np.int64)
+        return self._orders[epoch]
+
+    def close(self) -> None:
+        """Stops the ``--num-data-workers`` processes, if any; safe to call twice."""
+        if self.workers is not None:
+            self.workers.close()
 
     def get_samples(self, num_prompts: int) -> list[list[Sample]]:
         """``num_prompts`` groups: buffered groups first (as the buffer filter picks them), then fresh
@@ -173,12 +243,7 @@ class PromptDataSource:
         """
         groups = self._take_from_buffer(num_prompts) if self.buffer else []
         while len(groups) < num_prompts:
-            if self.offset == len(self.prompts):
-                self.epoch += 1
-                self.offset = 0
-                self._order = self._epoch_order(self.epoch)
-            prompt = self.prompts[self._order[self.offset]]
-            self.offset += 1
+            prompt = self._next_prompt(num_prompts - len(groups))
             group = []
             for _ in range(self.n_samples_per_prompt):
                 sample = copy.deepcopy(prompt)
@@ -188,7 +253,56 @@ class PromptDataSource:
                 group.append(sample)
             self.next_group_index += 1
             groups.append(group)
+        if self._lookahead is not None:  # the next rollout's prompts, read while this one generates
+            self._fill_lookahead(max(num_prompts, self.prefetch) - self._lookahead.queued)
         return groups
+
+    def _next_prompt(self, wanted: int) -> Sample:
+        """The Sample at the next served position, skipping rejected records (``wanted``: how many the
+        caller still needs, the least to submit when the lookahead runs dry)."""
+        for _ in range(2 * len(self.prompts)):  # two passes in a row cover one whole epoch
+            if self.offset == len(self.prompts):
+                self.epoch += 1
+                self.offset = 0
+                self._orders.pop(self.epoch - 1, None)
+                self._order = self._epoch_order(self.epoch)
+            record = int(self._order[self.offset])
+            if self._lookahead is None:
+                outcome = self.prompts[record]
+            else:
+                if not self._lookahead.queued:
+                    self._fill_lookahead(max(wanted, self.prefetch, 1))
+                outcome = self._lookahead.take(record)
+            self.offset += 1
+            if isinstance(outcome, Sample):
+                return outcome
+            if outcome.malformed:
+                if self.stop_on_bad:
+                    raise DataError(outcome.message)
+                self.skipped += 1
+                logger.warning(
+                    "skipped %s (--on-bad-prompt skip; %d skipped so far)", outcome.message, self.skipped
+                )
+        raise DataError(
+            f"none of the {len(self.prompts)} records of the prompt data can be served; see above"
+        )
+
+    def _fill_lookahead(self, count: int) -> None:
+        """Submits the ``count`` positions after those already submitted (crossing into later epochs)."""
+        if self._lookahead is None or count <= 0:
+            return
+        epoch, offset = self._ahead
+        records = []
+        while count > 0:
+            order = self._epoch_order(epoch)
+            take = order[offset : offset + count]
+            records.append(take)
+            count -= len(take)
+            offset += len(take)
+            if offset == len(order):
+                epoch, offset = epoch + 1, 0
+        self._ahead = (epoch, offset)
+        self._lookahead.submit(np.concatenate(records))
 
     def _take_from_buffer(self, num_prompts: int) -> list[list[Sample]]:
         picked = list(self.buffer_filter(list(self.buffer), num_prompts))
@@ -237,7 +351,12 @@ class PromptDataSource:
         self.next_group_index = state["next_group_index"]
         self.next_sample_index = state["next_sample_index"]
         self.buffer = [[Sample.from_dict(s) for s in group] for group in state["buffer"]]
+        self._orders.clear()
         self._order = self._epoch_order(self.epoch)
+        if self._lookahead is not None:
+            self._lookahead.clear()
+            self._ahead = (self.epoch, self.offset)
+            self._fill_lookahead(self.prefetch)
 
     @staticmethod
     def state_path(rollout_id: int, directory: str | os.PathLike[str]) -> Path:

@@ -83,10 +83,11 @@ def _read_jsonl(path: str, data_slice: slice | None) -> list[Record]:
         lines = [(number, line) for number, line in enumerate(f, start=1) if line.strip()]
     if data_slice is not None:
         lines = lines[data_slice]
-    return [_jsonl_record(f"{path}:{number}", line) for number, line in lines]
+    return [jsonl_record(f"{path}:{number}", line) for number, line in lines]
 
 
-def _jsonl_record(where: str, line: str) -> Record:
+def jsonl_record(where: str, line: str) -> Record:
+    """One JSONL line as a Record; ``DataError`` naming ``where`` when it is not a JSON object."""
     data = _loads(
         line, lambda e: f"{where}: not valid JSON ({e.msg} at column {e.colno}); fix or remove the line"
     )

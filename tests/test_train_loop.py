@@ -39,6 +39,8 @@ LOOP = {
 ONE_PER_SIDE = LOOP | {"rollout_num_gpus": 1, "actor_num_gpus_per_node": 1}
 """``LOOP`` with one engine and one trainer rank instead of two of each (test_train_async, test_ppo_e2e)."""
 
+STREAMING = {"streaming_data": True, "num_data_workers": "2"}
+
 
 def processes_tagged(tag: str) -> list[str]:
     """Live processes that inherited ``SLIME_TEST_RUN=tag``: everything a run started, however deep."""
@@ -144,11 +146,13 @@ def run_train(
 
 def test_train_py_runs_grpo_logs_every_scalar_and_resumes_exactly(tiny_run_flags, tmp_path):
     """A run resumed from its rollout-1 checkpoint repeats rollout 2 of the uninterrupted run exactly:
-    the same prompts in the same order, the same sampled tokens (seeded per sample) and the same loss."""
+    the same prompts in the same order, the same sampled tokens (seeded per sample) and the same loss.
+    Both runs stream their prompts through two worker processes (--streaming-data --num-data-workers 2)."""
     ckpt, tb = tmp_path / "ckpt", tmp_path / "tb"
     flags = tiny_run_flags(
         "--save", str(ckpt), "--save-interval", "2", "--tb-dir", str(tb),
-        "--save-debug-rollout-data", str(tmp_path / "full_{rollout_id}.pt"), **LOOP, num_rollout=3,
+        "--save-debug-rollout-data", str(tmp_path / "full_{rollout_id}.pt"), **LOOP, **STREAMING,
+        num_rollout=3,
     )  # fmt: skip
     run_train(flags)
     scalars = read_events(tb)
@@ -164,7 +168,8 @@ def test_train_py_runs_grpo_logs_every_scalar_and_resumes_exactly(tiny_run_flags
     resumed_tb = tmp_path / "tb_resumed"
     flags = tiny_run_flags(
         "--load", str(ckpt), "--ckpt-step", "1", "--tb-dir", str(resumed_tb),
-        "--save-debug-rollout-data", str(tmp_path / "resumed_{rollout_id}.pt"), **LOOP, num_rollout=3,
+        "--save-debug-rollout-data", str(tmp_path / "resumed_{rollout_id}.pt"), **LOOP, **STREAMING,
+        num_rollout=3,
     )  # fmt: skip
     result = run_train(flags)
     assert "resumed from" in result.stderr and "at rollout 2" in result.stderr

@@ -190,7 +190,14 @@ class PromptDataSource:
         stop_on_bad = args.on_bad_prompt == "stop"
         workers = PromptWorkers(lazy, args.num_data_workers) if args.num_data_workers else None
         prompts: Sequence[Outcome] | LazyPrompts = lazy
-        if not args.streaming_data:
+        if args.streaming_data:
+            logger.info(
+                "streaming %d prompts of %s, %d data workers",
+                len(lazy),
+                args.prompt_data,
+                args.num_data_workers,
+            )
+        else:
             try:
                 prompts = read_all(lazy, workers, stop_on_bad)
             finally:

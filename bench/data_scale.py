@@ -1,0 +1,216 @@
+"""Prompt sets of 10k to 1M records: start-up time, memory and serving time, streaming vs in memory.
+
+For each size (plain prompts, and with ``--apply-chat-template`` through a tiny model's tokenizer),
+each source (``--streaming-data`` or not) and ``--num-data-workers`` 0 and 2, two fresh processes do
+what a run does with its data, with the same slime code:
+
+- the driver: in memory, ``make_data_source(args)`` (read, template, check every record) and pickling
+  the source, which is what Ray ships to the rollout manager; streaming, ``check_streaming_data``;
+- the rollout manager: in memory, unpickling that source; streaming, building its own from the path
+  (index pass, workers started); then one rollout's prompts (``get_samples``), a pause standing in for
+  the generation, and the next rollout's.
+
+Peak RSS is each process's own ``ru_maxrss``; the worker processes' (the largest one) is reported
+apart. "Above empty" subtracts the same configuration run on a one-record file, so imports and the
+tokenizer do not count (start-up is reported both ways: loading a tokenizer takes seconds of its own).
+A full JSON parse of the largest file is timed too: it is what a complete
+bad-line check before start-up would cost (``--streaming-data`` checks a record when it is served).
+
+    python bench/data_scale.py
+    python bench/data_scale.py --sizes 10000 100000 --rollout-batch-size 256
+
+Writes bench/results/data_scale.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+CHILD = "--measure-one"
+TEXT = "Find the sum of the digits of the smallest positive integer that satisfies the conditions below. "
+
+
+def write_prompts(path: Path, n: int) -> Path:
+    """``n`` math-like records of ~330 bytes, as in the measured 1M-prompt file."""
+    with open(path, "w") as f:
+        for i in range(n):
+            prompt = f"Problem {i}: {TEXT * 2}Answer with a number."
+            f.write(
+                json.dumps({"input": prompt, "label": str(i % 97), "metadata": {"id": i, "src": "gen"}})
+                + "\n"
+            )
+    return path
+
+
+def peak_rss_mb(who: int = resource.RUSAGE_SELF) -> float:
+    return resource.getrusage(who).ru_maxrss / 1024
+
+
+def run_args(config: dict) -> argparse.Namespace:
+    from slime.config import build_parser
+
+    argv = ["--prompt-data", config["data"], "--rollout-batch-size", str(config["rollout_batch_size"])]
+    argv += ["--n-samples-per-prompt", "8", "--rollout-shuffle", "--label-key", "label"]
+    argv += ["--num-data-workers", str(config["workers"])]
+    if config["streaming"]:
+        argv.append("--streaming-data")
+    if config["template"]:
+        argv += ["--apply-chat-template", "--hf-checkpoint", config["model"]]
+    return build_parser().parse_args(argv)
+
+
+def driver(config: dict) -> dict:
+    from slime.rollout.data_source import check_streaming_data, make_data_source
+
+    args = run_args(config)
+    start = time.perf_counter()
+    if config["streaming"]:
+        check_streaming_data(args)
+        payload = 0
+    else:
+        with open(config["pickle"], "wb") as f:
+            pickle.dump(make_data_source(args), f, protocol=5)
+        payload = os.path.getsize(config["pickle"])
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "rss_mb": peak_rss_mb(), "payload_mb": payload / 2**20}
+
+
+def manager(config: dict) -> dict:
+    from slime.rollout.data_source import make_data_source
+
+    args = run_args(config)
+    start = time.perf_counter()
+    if config["streaming"]:
+        source = make_data_source(args)
+    else:
+        with open(config["pickle"], "rb") as f:
+            source = pickle.load(f)
+    built = time.perf_counter() - start
+    timings = []
+    for _ in range(2):
+        start = time.perf_counter()
+        source.get_samples(args.rollout_batch_size)
+        timings.append(time.perf_counter() - start)
+        time.sleep(config["generation_s"])  # the engines generate; the workers read ahead
+    source.close()
+    return {
+        "seconds": built,
+        "first_rollout_s": timings[0],
+        "next_rollout_s": timings[1],
+        "rss_mb": peak_rss_mb(),
+    }
+
+
+def child(role: str, config: str) -> None:
+    """Entry point of one measured process: prints ``role``'s result, with its workers' peak RSS."""
+    result = {"driver": driver, "manager": manager}[role](json.loads(config))
+    result["workers_rss_mb"] = peak_rss_mb(resource.RUSAGE_CHILDREN)  # the largest worker's
+    print(json.dumps(result))
+
+
+def in_process(role: str, config: dict) -> dict:
+    """``role`` run in a fresh interpreter."""
+    argv = [sys.executable, __file__, CHILD, role, json.dumps(config)]
+    out = subprocess.run(argv, check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def measure(config: dict) -> dict:
+    result = {"driver": in_process("driver", config), "manager": in_process("manager", config)}
+    result["startup_s"] = result["driver"]["seconds"] + result["manager"]["seconds"]
+    return result
+
+
+def json_parse_pass_s(path: Path) -> float:
+    start = time.perf_counter()
+    with open(path, "rb") as f:
+        for line in f:
+            if line.strip():
+                json.loads(line)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    if sys.argv[1:2] == [CHILD]:
+        return child(*sys.argv[2:])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
+    parser.add_argument("--rollout-batch-size", type=int, default=512)
+    parser.add_argument("--generation-s", type=float, default=1.0, help="pause standing in for a rollout")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "data_scale.json")
+    opts = parser.parse_args()
+
+    from tools.make_tiny_model import make_tiny_model
+
+    workdir = Path(tempfile.mkdtemp(prefix="data_scale_"))
+    model = str(make_tiny_model(workdir / "model"))
+    files = {n: write_prompts(workdir / f"prompts_{n}.jsonl", n) for n in [1, *opts.sizes]}
+    runs = []
+    for template in (False, True):
+        for streaming in (False, True):
+            for workers in opts.workers:
+                empty = None
+                for n in [1, *opts.sizes]:
+                    config = {
+                        "data": str(files[n]), "model": model, "template": template, "streaming": streaming,
+                        "workers": workers, "rollout_batch_size": min(opts.rollout_batch_size, n),
+                        "generation_s": opts.generation_s, "pickle": str(workdir / "source.pkl"),
+                    }  # fmt: skip
+                    result = measure(config)
+                    if n == 1:
+                        empty = result
+                        continue
+                    above = {
+                        role: result[role]["rss_mb"] - empty[role]["rss_mb"] for role in ("driver", "manager")
+                    }
+                    run = {
+                        "prompts": n, "file_mb": files[n].stat().st_size / 2**20, "chat_template": template,
+                        "streaming": streaming, "num_data_workers": workers, **result,
+                        "driver_plus_manager_mb_above_empty": above["driver"] + above["manager"],
+                        "startup_s_above_empty": result["startup_s"] - empty["startup_s"],
+                    }  # fmt: skip
+                    runs.append(run)
+                    served = result["manager"]
+                    print(
+                        f"{n:>8} template={template!s:5} streaming={streaming!s:5} N={workers}: start-up "
+                        f"{run['startup_s']:6.2f} s, +{run['driver_plus_manager_mb_above_empty']:7.1f} MB, "
+                        f"rollout {served['first_rollout_s']:.3f} / {served['next_rollout_s']:.3f} s",
+                        flush=True,
+                    )
+    largest = files[max(opts.sizes)]
+    result = {
+        "benchmark": "data_scale",
+        "date": time.strftime("%Y-%m-%d"),
+        "config": {
+            "rollout_batch_size": opts.rollout_batch_size, "n_samples_per_prompt": 8, "shuffle": True,
+            "generation_s": opts.generation_s,
+        },
+        "machine": {
+            "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+            "load_avg_1m": os.getloadavg()[0],
+        },
+        "json_parse_pass_s": {"prompts": max(opts.sizes), "seconds": json_parse_pass_s(largest)},
+        "targets": {"streaming_startup_s": 2.0, "driver_plus_manager_mb_above_empty": 200},
+        "runs": runs,
+    }  # fmt: skip
+    opts.out.parent.mkdir(parents=True, exist_ok=True)
+    opts.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {opts.out}")
+
+
+if __name__ == "__main__":
+    main()

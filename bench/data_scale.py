@@ -10,11 +10,11 @@ what a run does with its data, with the same slime code:
   (index pass, workers started); then one rollout's prompts (``get_samples``), a pause standing in for
   the generation, and the next rollout's.
 
-Peak RSS is each process's own ``ru_maxrss``; the worker processes' (the largest one) is reported
-apart. "Above empty" subtracts the same configuration run on a one-record file, so imports and the
-tokenizer do not count (start-up is reported both ways: loading a tokenizer takes seconds of its own).
-A full JSON parse of the largest file is timed too: it is what a complete
-bad-line check before start-up would cost (``--streaming-data`` checks a record when it is served).
+Peak RSS is sampled every 10 ms in each process; its worker processes' (summed) is reported apart.
+"Above empty" subtracts the same configuration run on a one-record file, so imports and the tokenizer
+do not count (start-up is reported both ways: loading a tokenizer takes seconds of its own). A full
+JSON parse of the largest file is timed too: it is what a complete bad-line check before start-up
+would cost (``--streaming-data`` checks a record when it is served).
 
     python bench/data_scale.py
     python bench/data_scale.py --sizes 10000 100000 --rollout-batch-size 256
@@ -25,16 +25,19 @@ Writes bench/results/data_scale.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pickle
 import platform
-import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+
+import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -55,8 +58,35 @@ def write_prompts(path: Path, n: int) -> Path:
     return path
 
 
-def peak_rss_mb(who: int = resource.RUSAGE_SELF) -> float:
-    return resource.getrusage(who).ru_maxrss / 1024
+class PeakRss:
+    """The largest RSS of this process, and of its worker processes together, sampled every 10 ms by a
+    thread (``ru_maxrss`` would not do: Linux carries it over from the forking parent)."""
+
+    def __init__(self) -> None:
+        self.own_mb = self.workers_mb = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self._sample()
+            if self._stop.wait(0.01):
+                return
+
+    def _sample(self) -> None:
+        me, workers = psutil.Process(), 0
+        for child in me.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                workers += child.memory_info().rss
+        self.own_mb = max(self.own_mb, me.memory_info().rss / 2**20)
+        self.workers_mb = max(self.workers_mb, workers / 2**20)
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        return {"rss_mb": self.own_mb, "workers_rss_mb": self.workers_mb}
 
 
 def run_args(config: dict) -> argparse.Namespace:
@@ -85,7 +115,7 @@ def driver(config: dict) -> dict:
             pickle.dump(make_data_source(args), f, protocol=5)
         payload = os.path.getsize(config["pickle"])
     seconds = time.perf_counter() - start
-    return {"seconds": seconds, "rss_mb": peak_rss_mb(), "payload_mb": payload / 2**20}
+    return {"seconds": seconds, "payload_mb": payload / 2**20}
 
 
 def manager(config: dict) -> dict:
@@ -106,19 +136,16 @@ def manager(config: dict) -> dict:
         timings.append(time.perf_counter() - start)
         time.sleep(config["generation_s"])  # the engines generate; the workers read ahead
     source.close()
-    return {
-        "seconds": built,
-        "first_rollout_s": timings[0],
-        "next_rollout_s": timings[1],
-        "rss_mb": peak_rss_mb(),
-    }
+    return {"seconds": built, "first_rollout_s": timings[0], "next_rollout_s": timings[1]}
 
 
 def child(role: str, config: str) -> None:
-    """Entry point of one measured process: prints ``role``'s result, with its workers' peak RSS."""
+    """Entry point of one measured process: prints ``role``'s result and peak RSS (its workers' apart)."""
+    import slime.rollout.data_source  # noqa: F401 (imported before the baseline is taken)
+
+    peak = PeakRss()
     result = {"driver": driver, "manager": manager}[role](json.loads(config))
-    result["workers_rss_mb"] = peak_rss_mb(resource.RUSAGE_CHILDREN)  # the largest worker's
-    print(json.dumps(result))
+    print(json.dumps({**result, **peak.stop()}))
 
 
 def in_process(role: str, config: dict) -> dict:

@@ -174,12 +174,6 @@ def _check_data_loading(args: argparse.Namespace) -> None:
         )
     if args.streaming_data and args.prompt_data is None:
         raise ConfigError("--streaming-data", "reads --prompt-data; pass the prompt file or drop the flag")
-    cpus = os.cpu_count() or 1
-    if args.num_data_workers > cpus:
-        raise ConfigError(
-            "--num-data-workers",
-            f"{args.num_data_workers} workers on {cpus} CPUs only add processes; use <= {cpus}",
-        )
 
 
 def check_checkpoint_to_load(args: argparse.Namespace, required: bool = False) -> int | None:

@@ -20,7 +20,8 @@ Saved position: ``<directory>/rollout/data_source_<rollout_id>.json``, a JSON ob
     {"format": 1, "num_prompts": 1000, "epoch": 2, "offset": 64,
      "next_group_index": 2064, "next_sample_index": 16512, "buffer": [[<Sample.to_dict()>, ...], ...]}
 
-``offset`` counts prompts already served from epoch ``epoch``'s order; ``buffer`` holds the groups
+``num_prompts`` counts the records of the file (slice), those never served included; ``offset`` counts
+the positions of epoch ``epoch``'s order already passed (served or skipped); ``buffer`` holds the groups
 returned with ``add_samples`` and not served yet (empty in the common case, so the file stays small).
 """
 

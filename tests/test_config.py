@@ -477,6 +477,7 @@ def test_prompt_data_slice_is_stripped_before_the_existence_check(hf: str, data:
         (["--eval-prompt-data", "math"], "--eval-prompt-data", "NAME PATH"),
         (["--eval-prompt-data", "math", "/nowhere/e.jsonl"], "--eval-prompt-data", "does not exist"),
         (["--eval-prompt-data", "a", "DATA", "a", "DATA"], "--eval-prompt-data", "repeat"),
+        (["--eval-prompt-data", "", "DATA"], "--eval-prompt-data", "set 1: 'name' is required"),
         (["--ref-load", "/nowhere/ref"], "--ref-load", "does not exist"),
     ],
 )

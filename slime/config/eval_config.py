@@ -96,9 +96,9 @@ def eval_sets_from_args(args: argparse.Namespace) -> list[EvalSetSettings]:
                 "--eval-prompt-data",
                 f"got {len(specs)} value(s), expected NAME PATH pairs; e.g. aime /data/aime.jsonl",
             )
-        pairs = zip(specs[::2], specs[1::2], strict=True)
-        sets = [resolve_eval_set(args, {"name": n, "path": p}, "--eval-prompt-data") for n, p in pairs]
         flag = "--eval-prompt-data"
+        pairs = enumerate(zip(specs[::2], specs[1::2], strict=True), start=1)
+        sets = [resolve_eval_set(args, {"name": n, "path": p}, f"set {i}", flag) for i, (n, p) in pairs]
     names = [s.name for s in sets]
     if len(set(names)) != len(names):
         raise ConfigError(flag, f"dataset names repeat in {names}; give each set its own name")
@@ -123,16 +123,19 @@ def read_eval_config(path: str) -> list[dict[str, Any]]:
     return loaded
 
 
-def resolve_eval_set(args: argparse.Namespace, entry: dict[str, Any], where: str) -> EvalSetSettings:
-    """One set's settings: ``entry``'s keys, the rest from the flags (``where`` names it in errors)."""
-    if isinstance(entry.get("name"), str):
+def resolve_eval_set(
+    args: argparse.Namespace, entry: dict[str, Any], where: str, flag: str = FLAG
+) -> EvalSetSettings:
+    """One set's settings: ``entry``'s keys, the rest from the flags; ``flag`` and ``where`` (the file
+    and the set's place in it) name the set in errors."""
+    if isinstance(entry.get("name"), str) and entry["name"]:
         where = f"{where} ({entry['name']})"
     for key in entry:
         if key not in CONFIG_KEYS:
-            raise ConfigError(FLAG, f"{where}: unknown key {key!r}; known keys: {', '.join(CONFIG_KEYS)}")
+            raise ConfigError(flag, f"{where}: unknown key {key!r}; known keys: {', '.join(CONFIG_KEYS)}")
     for key in ("name", "path"):
         if not isinstance(entry.get(key), str) or not entry[key]:
-            raise ConfigError(FLAG, f"{where}: {key!r} is required and must be a non-empty string")
+            raise ConfigError(flag, f"{where}: {key!r} is required and must be a non-empty string")
     own_reward = any(key in entry for key in _REWARD_KEYS)
     defaults = {
         "input_key": args.eval_input_key,
@@ -148,12 +151,12 @@ def resolve_eval_set(args: argparse.Namespace, entry: dict[str, Any], where: str
     }
     values = {**defaults, **entry}
     for key, value in values.items():
-        _check_value(where, key, value)
+        _check_value(flag, where, key, value)
     values["temperature"], values["top_p"] = float(values["temperature"]), float(values["top_p"])
     return EvalSetSettings(**values, group_rm=args.group_rm and not own_reward)
 
 
-def _check_value(where: str, key: str, value: Any) -> None:
+def _check_value(flag: str, where: str, key: str, value: Any) -> None:
     """A value of the type (and range) its key needs; ``where`` names the set."""
     is_int = isinstance(value, int) and not isinstance(value, bool)
     is_number = isinstance(value, numbers.Real) and not isinstance(value, bool)
@@ -174,4 +177,4 @@ def _check_value(where: str, key: str, value: Any) -> None:
     }
     ok, expected = checks[key]
     if not ok:
-        raise ConfigError(FLAG, f"{where}: {key} must be {expected}, got {value!r}")
+        raise ConfigError(flag, f"{where}: {key} must be {expected}, got {value!r}")

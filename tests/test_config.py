@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 from slime.cli import check_implemented
 from slime.config import (
@@ -19,6 +20,7 @@ from slime.config import (
     split_data_path,
     validate_args,
 )
+from slime.config.eval_config import EvalSetSettings
 
 TINY_QWEN2 = {
     "model_type": "qwen2",
@@ -172,7 +174,7 @@ def test_derived_values_are_set_on_args(hf: str, tmp_path: Path, data: str) -> N
     assert (args.global_batch_size, args.num_steps_per_rollout, args.over_sampling_batch_size) == (32, 1, 4)
     assert args.eps_clip_high == args.eps_clip == 0.2
     assert args.expert_tensor_parallel_size == 2
-    assert args.eval_datasets == [("math", data), ("other", f"{data}@[0:1]")]
+    assert [(s.name, s.path) for s in args.eval_sets] == [("math", data), ("other", f"{data}@[0:1]")]
     assert (args.eval_top_p, args.eval_temperature, args.eval_max_response_len) == (0.5, 1.0, 1024)
     assert args.eval_input_key == "input"
 
@@ -350,7 +352,8 @@ def test_lr_not_required_for_rollout_only(hf: str) -> None:
         (["--rm-type", "remote"], "--rm-url", "remote"),
         (["--group-rm"], "--group-rm", "--custom-rm-path"),
         (["--over-sampling-batch-size", "2"], "--over-sampling-batch-size", "at least 4"),
-        (["--eval-interval", "5"], "--eval-interval", "--eval-prompt-data"),
+        (["--eval-interval", "5"], "--eval-interval", "--eval-prompt-data or --eval-config"),
+        (["--eval-pass-threshold", "0.5"], "--eval-pass-threshold", "--log-passrate"),
         (["--save-interval", "5"], "--save-interval", "--save"),
         (["--auto-resume", "1"], "--auto-resume", "add --save DIR --save-interval N"),
         (["--auto-resume", "1", "--save", "/tmp/ckpt"], "--auto-resume", "add --save-interval N"),
@@ -474,6 +477,7 @@ def test_prompt_data_slice_is_stripped_before_the_existence_check(hf: str, data:
         (["--eval-prompt-data", "math"], "--eval-prompt-data", "NAME PATH"),
         (["--eval-prompt-data", "math", "/nowhere/e.jsonl"], "--eval-prompt-data", "does not exist"),
         (["--eval-prompt-data", "a", "DATA", "a", "DATA"], "--eval-prompt-data", "repeat"),
+        (["--eval-prompt-data", "", "DATA"], "--eval-prompt-data", "set 1: 'name' is required"),
         (["--ref-load", "/nowhere/ref"], "--ref-load", "does not exist"),
     ],
 )
@@ -502,6 +506,86 @@ def test_large_prompt_set_flags_are_checked_before_anything_starts(
     hf: str, capsys: pytest.CaptureFixture[str], extra: list[str], flag: str, text: str
 ) -> None:
     assert text in expect_error(capsys, base(hf, *extra), flag)
+
+
+# --- validation: evaluation sets (--eval-config) -------------------------------------------------
+
+
+def write_eval_config(tmp_path: Path, sets: object) -> str:
+    path = tmp_path / "eval.yaml"
+    path.write_text(yaml.safe_dump(sets))
+    return str(path)
+
+
+def test_eval_config_keys_win_over_the_eval_flags_which_win_over_the_rollout_flags(
+    hf: str, data: str, tmp_path: Path, plugin_module: str
+) -> None:
+    own = {
+        "name": "own", "path": f"{data}@[0:1]", "input_key": "q", "label_key": "ans", "rm_type": "math",
+        "n_samples_per_eval_prompt": 4, "temperature": 0, "top_p": 0.5, "top_k": 20,
+        "max_response_len": 64, "apply_chat_template": True,
+    }  # fmt: skip
+    config = write_eval_config(tmp_path, [own, {"name": "inherits", "path": data}])
+    args = parse_args(
+        base(hf, "--eval-config", config, "--eval-temperature", "0.8", "--rollout-top-p", "0.9",
+             "--n-samples-per-eval-prompt", "2", "--eval-label-key", "label", "--rm-type", "exact",
+             "--custom-rm-path", f"{plugin_module}.score", "--group-rm")
+    )  # fmt: skip
+    assert args.eval_sets == [
+        EvalSetSettings(**own, custom_rm_path=None, group_rm=False),
+        EvalSetSettings(
+            name="inherits", path=data, input_key="input", label_key="label", rm_type="exact",
+            custom_rm_path=f"{plugin_module}.score", group_rm=True, n_samples_per_eval_prompt=2,
+            temperature=0.8, top_p=0.9, top_k=-1, max_response_len=1024, apply_chat_template=False,
+        ),
+    ]  # fmt: skip
+    assert isinstance(args.eval_sets[0].temperature, float)  # YAML's 0 is an int
+
+
+def test_an_unknown_eval_config_key_is_one_line_naming_the_key_and_the_file(
+    hf: str, data: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_eval_config(tmp_path, [{"name": "a", "path": data, "tempreature": 0.6}])
+    err = expect_error(capsys, base(hf, "--eval-config", config), "--eval-config")
+    assert f"{config}: set 1 (a): unknown key 'tempreature'" in err
+    assert "known keys: name, path, input_key" in err
+
+
+@pytest.mark.parametrize(
+    ("sets", "flag", "text"),
+    [
+        ({"name": "a", "path": "DATA"}, "--eval-config", "non-empty YAML list"),
+        ([], "--eval-config", "non-empty YAML list"),
+        (["a"], "--eval-config", "set 1 is a str, not a mapping"),
+        ([{"name": "a"}], "--eval-config", "set 1 (a): 'path' is required"),
+        ([{"name": "a", "path": "DATA", "n_samples_per_eval_prompt": 0}], "--eval-config", "integer >= 1"),
+        ([{"name": "a", "path": "DATA", "top_p": 1.5}], "--eval-config", "top_p must be a number in (0, 1]"),
+        ([{"name": "a", "path": "DATA", "apply_chat_template": "yes"}], "--eval-config", "true or false"),
+        ([{"name": "a", "path": "/nowhere/e.jsonl"}], "--eval-config", "does not exist"),
+        ([{"name": "a", "path": "DATA"}, {"name": "a", "path": "DATA"}], "--eval-config", "repeat"),
+        ([{"name": "a", "path": "DATA", "custom_rm_path": "no_such_module.fn"}], "--eval-config", "set 'a'"),
+        ([{"name": "a", "path": "DATA", "rm_type": "remote"}], "--rm-url", "eval set 'a'"),
+    ],
+)
+def test_bad_eval_configs_are_one_line(
+    hf: str, data: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], sets: object, flag: str, text: str
+) -> None:
+    config = write_eval_config(tmp_path, json.loads(json.dumps(sets).replace("DATA", data)))
+    assert text in expect_error(capsys, base(hf, "--eval-config", config), flag)
+
+
+def test_eval_config_files_that_cannot_be_read_and_both_set_flags_are_refused(
+    hf: str, data: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert "does not exist" in expect_error(
+        capsys, base(hf, "--eval-config", "/nowhere.yaml"), "--eval-config"
+    )
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("- name: a\n  path: [unclosed\n")
+    assert "not valid YAML" in expect_error(capsys, base(hf, "--eval-config", str(broken)), "--eval-config")
+    config = write_eval_config(tmp_path, [{"name": "a", "path": data}])
+    argv = base(hf, "--eval-config", config, "--eval-prompt-data", "b", data)
+    assert "cannot be combined with --eval-prompt-data" in expect_error(capsys, argv, "--eval-config")
 
 
 # --- validation: plugins -----------------------------------------------------------------------

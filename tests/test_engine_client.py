@@ -46,3 +46,17 @@ def test_a_refusal_names_the_engine_and_keeps_its_words_across_processes() -> No
     assert _message_of('{"object": "error", "message": "bad selector", "code": 400}') == "bad selector"
     assert _message_of('{"error": {"message": "Either text or input_ids"}}') == "Either text or input_ids"
     assert _message_of("Internal Server Error") == "Internal Server Error"
+
+
+def test_free_ports_are_drawn_below_the_ephemeral_range_and_are_free() -> None:
+    """Outgoing connections take their local ports from the ephemeral range; a port drawn there
+    could be taken between the draw and the server's bind."""
+    import socket
+
+    from slime.utils.http import _below_ephemeral_ports, free_port
+
+    ports = {free_port() for _ in range(20)}
+    assert ports <= set(_below_ephemeral_ports()) and len(ports) > 1
+    for port in ports:
+        with socket.socket() as sock:
+            sock.bind(("", port))

@@ -27,10 +27,12 @@ from tqdm import tqdm
 
 from examples.multi_turn_tool.calculator import tool_reply
 from slime.config import parse_args
+from slime.config.eval_config import resolve_eval_set
 from slime.ray.rollout_manager import rollout_metrics, samples_to_train_data
 from slime.rollout import engine_control
 from slime.rollout.data_source import PromptDataSource
 from slime.rollout.errors import RolloutError
+from slime.rollout.evaluation import EvalSet
 from slime.rollout.filters import FilterResult
 from slime.rollout.generate_utils import cached_tokenizer, prompt_ids, rollout_context
 from slime.rollout.sample import Sample
@@ -272,8 +274,9 @@ def test_a_text_form_generate_is_tokenized_and_trained_without_engine_log_probs(
         assert sample.reward in (0.0, 1.0)
     data = samples_to_train_data(output.groups)
     assert "rollout_log_probs" not in data and data["loss_masks"] == [s.loss_mask for s in samples]
-    eval_set = PromptDataSource.from_args(args).get_samples(3)  # before, evaluation raised "no reward yet"
-    metrics = generate_rollout(args, 0, {"chat": [group[0] for group in eval_set]}, evaluation=True).metrics
+    prompts = [group[0] for group in PromptDataSource.from_args(args).get_samples(3)]
+    eval_set = EvalSet(resolve_eval_set(args, {"name": "chat", "path": str(chat_prompts)}, "test"), prompts)
+    metrics = generate_rollout(args, 0, [eval_set], evaluation=True).metrics  # before: "no reward yet"
     assert 0.0 <= metrics["eval/chat"] <= 1.0 and metrics["eval/chat/response_length"] > 0
 
 
@@ -374,7 +377,8 @@ def test_the_dynamic_sampling_abort_leaves_an_evaluation_running_beside_alone(ro
     before = sum(aborted_requests(url) for url in urls)
 
     async def side_by_side():
-        eval_task = asyncio.ensure_future(generate_groups(args, evaluation, router_url, evaluation=True))
+        eval_set = resolve_eval_set(args, {"name": "beside", "path": str(PROMPTS)}, "test")
+        eval_task = asyncio.ensure_future(generate_groups(args, evaluation, router_url, eval_set=eval_set))
         await asyncio.sleep(0.2)  # the evaluation's requests are on the engines first
         output = await sample_rollout(args, 0, PromptDataSource.from_args(args))
         assert not eval_task.done()  # the rollout's abort happened while the evaluation generated

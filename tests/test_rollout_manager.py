@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 import ray
+import yaml
 from conftest import running_rollout_manager
 
 from slime.config import parse_args
@@ -60,14 +61,31 @@ def make_args(model: Path, prompts: Path, num_gpus: int, *extra: str):
 
 
 @pytest.fixture(scope="module")
-def rollout(ray_cluster, tiny_models, prompt_file, tmp_path_factory):
-    """One manager with two engines behind the router, shared by the tests below (shut down last)."""
+def eval_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("eval_samples")
+
+
+@pytest.fixture(scope="module")
+def rollout(ray_cluster, tiny_models, prompt_file, eval_dir, tmp_path_factory):
+    """One manager with two engines behind the router, shared by the tests below (shut down last).
+
+    Two eval sets from an --eval-config file: "words" takes n = 2 from --n-samples-per-eval-prompt and
+    its sampling from the --eval-* flags; "greedy" has n = 4, temperature 0, 5 tokens and its own reward
+    (the response's length / 6, where the rollout's --rm-type exact gives 0 or 1).
+    """
+    config = eval_dir / "eval.yaml"
+    reward = f"{Path(__file__).parent / 'length_reward.py'}:response_length_reward"
+    greedy = {
+        "name": "greedy", "path": f"{prompt_file}@[0:3]", "n_samples_per_eval_prompt": 4, "temperature": 0,
+        "max_response_len": 5, "custom_rm_path": reward,
+    }  # fmt: skip
+    config.write_text(yaml.safe_dump([{"name": "words", "path": str(prompt_file)}, greedy]))
     args = make_args(
         tiny_models["qwen2"],
         prompt_file,
         2,
         "--sglang-max-running-requests", "16",
-        "--eval-prompt-data", "words", str(prompt_file),
+        "--eval-config", str(config), "--log-passrate", "--eval-output-dir", str(eval_dir),
         "--n-samples-per-eval-prompt", "2",
         "--eval-max-response-len", "3",
     )  # fmt: skip
@@ -143,12 +161,34 @@ def test_generate_returns_scored_train_data_with_engine_logprobs(rollout):
     assert metrics["perf/tokens_per_sec"] > 0 and 0.0 <= metrics["rollout/truncated_ratio"] <= 1.0
 
 
-def test_eval_scores_each_set_with_eval_sampling_settings(rollout):
+def test_eval_scores_each_set_of_an_eval_config_with_its_own_n_sampling_and_reward(rollout, eval_dir):
     manager, _, _ = rollout
     metrics = ray.get(manager.eval.remote(0))
-    assert set(metrics) == {"eval/words", "eval/words/response_length", "eval/words/truncated_ratio"}
+    with_ci = ("", "/ci_low", "/ci_high")
+    for name, ks in (("words", (1, 2)), ("greedy", (1, 2, 4))):
+        keys = {f"eval/{name}{end}" for end in (*with_ci, "/response_length", "/truncated_ratio")}
+        keys |= {f"eval/{name}-pass@{k}{end}" for k in ks for end in with_ci}
+        assert {key for key in metrics if key.startswith(f"eval/{name}")} == keys
     assert 0.0 <= metrics["eval/words"] <= 1.0
+    assert metrics["eval/words/ci_low"] <= metrics["eval/words"] <= metrics["eval/words/ci_high"]
     assert 1 <= metrics["eval/words/response_length"] <= 3  # --eval-max-response-len, not the rollout's
+    greedy_pass = [metrics[f"eval/greedy-pass@{k}"] for k in (1, 2, 4)]
+    assert greedy_pass == [greedy_pass[0]] * 3  # 4 equal responses per prompt: pass@k is 0 or 1 for all k
+
+    rows = [json.loads(line) for line in (eval_dir / "rollout_0.jsonl").read_text().splitlines()]
+    assert len(rows) == 5 * 2 + 3 * 4
+    for name, prompts, n in (("words", 5, 2), ("greedy", 3, 4)):
+        mine = [row for row in rows if row["set"] == name]
+        assert [(r["prompt_index"], r["sample_index"]) for r in mine] == [
+            (i, k) for i in range(prompts) for k in range(n)
+        ]
+        assert all(row["rollout_id"] == 0 and row["weight_versions"] for row in mine)
+    greedy = [row for row in rows if row["set"] == "greedy"]
+    assert all(1 <= row["response_length"] <= 5 for row in greedy)
+    assert all(row["reward"] == len(row["response"]) / 6 for row in greedy)  # its own reward function
+    assert metrics["eval/greedy"] == pytest.approx(sum(row["reward"] for row in greedy) / 12)
+    for i in range(3):  # temperature 0 reached the engines: the 4 responses to a prompt agree
+        assert len({row["response"] for row in greedy if row["prompt_index"] == i}) == 1
 
 
 async def tagging_generate(args, sample: Sample, sampling_params: dict) -> Sample:

@@ -55,4 +55,6 @@ def test_run_qwen3_4b_parses_and_validates(tmp_path: Path) -> None:
     assert args.global_batch_size == 256 and args.num_steps_per_rollout == 1 and args.num_rollout == 5
     assert args.advantage_estimator == "grpo" and args.eps_clip_high == 0.28 and args.bf16
     assert args.sglang_server_args == {"mem_fraction_static": "0.7"}
-    assert args.eval_datasets == [("aime", str(tmp_path / "data/aime-2024/aime-2024.jsonl"))]
+    assert [(s.name, s.path) for s in args.eval_sets] == [
+        ("aime", str(tmp_path / "data/aime-2024/aime-2024.jsonl"))
+    ]

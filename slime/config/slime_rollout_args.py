@@ -291,7 +291,34 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         default=None,
         metavar="NAME PATH",
-        help="Evaluation sets as NAME PATH pairs.",
+        help="Evaluation sets as NAME PATH pairs, read with the --eval-* flags (or use --eval-config).",
+    )
+    g.add_argument(
+        "--eval-config",
+        type=str,
+        default=None,
+        metavar="FILE.yaml",
+        help="Evaluation sets as a YAML list, each with its own keys, n, sampling and reward (README "
+        "'Evaluation'); what a set leaves out comes from the --eval-* flags, then the rollout's. "
+        "Not with --eval-prompt-data.",
+    )
+    g.add_argument(
+        "--log-passrate",
+        action="store_true",
+        help="Also log eval/<name>-pass@k for k = 1, 2, 4, ... up to the set's samples per prompt.",
+    )
+    g.add_argument(
+        "--eval-pass-threshold",
+        type=float,
+        default=1.0,
+        help="With --log-passrate: a sample is correct when its reward is at least this.",
+    )
+    g.add_argument(
+        "--eval-output-dir",
+        type=str,
+        default=None,
+        help="Where each evaluation's per-sample results go as rollout_<id>.jsonl (default: "
+        "<--save>/eval, else <the run's log directory>/eval).",
     )
     g.add_argument(
         "--n-samples-per-eval-prompt", type=positive_int, default=1, help="Responses per eval prompt."

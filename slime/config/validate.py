@@ -16,6 +16,7 @@ while parsing, by their argparse type (``arg_types``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import os
 import re
@@ -23,6 +24,7 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from slime.config.errors import ConfigError
+from slime.config.eval_config import eval_sets_from_args
 from slime.config.hf_config import apply_hf_config, load_hf_config
 from slime.config.megatron_args import add_megatron_arguments
 from slime.config.sglang_args import check_sglang_server_args
@@ -141,20 +143,6 @@ def _check_paths(args: argparse.Namespace) -> None:
         raise ConfigError(
             "--ref-load", f"{args.ref_load} does not exist; pass the reference checkpoint directory"
         )
-    specs = args.eval_prompt_data or []
-    if len(specs) % 2:
-        raise ConfigError(
-            "--eval-prompt-data",
-            f"got {len(specs)} value(s), expected NAME PATH pairs; e.g. aime /data/aime.jsonl",
-        )
-    args.eval_datasets = list(zip(specs[::2], specs[1::2], strict=True))
-    names = [name for name, _ in args.eval_datasets]
-    if len(set(names)) != len(names):
-        raise ConfigError(
-            "--eval-prompt-data", f"dataset names repeat in {names}; give each set its own NAME"
-        )
-    for _, spec in args.eval_datasets:
-        _check_data_file("--eval-prompt-data", spec)
 
 
 def _check_data_loading(args: argparse.Namespace) -> None:
@@ -719,8 +707,8 @@ def _check_critic(args: argparse.Namespace) -> None:
 
 
 def _check_eval(args: argparse.Namespace) -> None:
-    if args.eval_interval is not None and not args.eval_datasets:
-        raise ConfigError("--eval-interval", "given without --eval-prompt-data; add NAME PATH pairs")
+    """The eval sets settled into ``args.eval_sets`` (``slime.config.eval_config``), their files and
+    reward plugins checked."""
     # Unset eval sampling settings follow the rollout's.
     for key in ("max_response_len", "temperature", "top_p", "top_k"):
         if getattr(args, f"eval_{key}") is None:
@@ -728,6 +716,33 @@ def _check_eval(args: argparse.Namespace) -> None:
     for key in ("input_key", "label_key"):
         if getattr(args, f"eval_{key}") is None:
             setattr(args, f"eval_{key}", getattr(args, key))
+    args.eval_sets = eval_sets_from_args(args)
+    flag = "--eval-config" if args.eval_config is not None else "--eval-prompt-data"
+    if args.eval_interval is not None and not args.eval_sets:
+        raise ConfigError("--eval-interval", "given without --eval-prompt-data or --eval-config; add a set")
+    if args.eval_pass_threshold != 1.0 and not args.log_passrate:
+        raise ConfigError("--eval-pass-threshold", "counts only with --log-passrate; add it or drop this")
+    for eval_set in args.eval_sets:
+        _check_data_file(flag, eval_set.path)
+        if eval_set.rm_type == "remote" and args.rm_url is None:
+            raise ConfigError("--rm-url", f"required by eval set {eval_set.name!r} (rm_type remote)")
+    _check_eval_reward_plugins(args)
+
+
+def _check_eval_reward_plugins(args: argparse.Namespace) -> None:
+    """A set's own ``custom_rm_path`` is loaded and checked like ``--custom-rm-path`` (the flag's own,
+    which sets inherit, is checked with the other plugins); every one is made absolute, as Ray workers
+    run elsewhere."""
+    for i, eval_set in enumerate(args.eval_sets):
+        path = eval_set.custom_rm_path
+        if path is None:
+            continue
+        if path != args.custom_rm_path:
+            try:
+                check_plugin("--custom-rm-path", path)
+            except PluginError as e:
+                raise ConfigError("--eval-config", f"{args.eval_config}: set {eval_set.name!r}: {e}") from e
+        args.eval_sets[i] = dataclasses.replace(eval_set, custom_rm_path=absolute_path(path))
 
 
 def _check_plugins(args: argparse.Namespace) -> None:

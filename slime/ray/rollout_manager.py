@@ -8,7 +8,8 @@ Each responsibility is its own small object and ``RolloutManager`` only wires th
   next, resumable;
 - ``RolloutFunction``: the ``--rollout-function-path`` plugin, called once per rollout
   (``evaluation=False``) and once per evaluation with the eval sets (``evaluation=True``);
-- the ``--eval-prompt-data`` sets (read by ``slime.rollout.prompt_files``), scored by ``eval``.
+- the evaluation sets (``--eval-config`` or ``--eval-prompt-data``, ``slime.rollout.evaluation``),
+  scored by ``eval``, which also writes each evaluation's samples to ``--eval-output-dir``.
 
 Rollout functions find the router through ``args.sglang_router_ip``/``args.sglang_router_port``
 (slime's convention, set by ``start``). Without engine bundles (SFT, train-only debugging) no engine
@@ -40,8 +41,9 @@ from slime.ray.engine_recovery import EngineRecovery, EngineWatch
 from slime.ray.engines import DEFAULT_START_TIMEOUT_S, EnginePool, engine_failure
 from slime.rollout.data_source import DataSource, KeptPositions, make_data_source
 from slime.rollout.errors import EngineFailure, RolloutError
+from slime.rollout.evaluation import EvalSet, eval_output_dir, write_eval_samples
 from slime.rollout.output import RolloutOutput
-from slime.rollout.prompt_files import PromptFormat, load_prompts
+from slime.rollout.prompt_files import PromptFormat, load_prompts, load_tokenizer
 from slime.rollout.router import Router
 from slime.rollout.sample import Sample
 from slime.utils.plugins import load_function
@@ -152,14 +154,25 @@ def rollout_metrics(
     }
 
 
-def load_eval_datasets(args: argparse.Namespace) -> dict[str, list[Sample]]:
-    """The ``--eval-prompt-data`` sets by name, read like the training prompts with the ``--eval-*-key``
-    fields."""
-    datasets = getattr(args, "eval_datasets", None) or []
-    if not datasets:
-        return {}
-    prompt_format = PromptFormat.from_args(args, evaluation=True)
-    return {name: load_prompts(path, prompt_format) for name, path in datasets}
+def load_eval_datasets(args: argparse.Namespace) -> list[EvalSet]:
+    """Every evaluation set of ``args.eval_sets`` with its prompts, read like the training prompts with
+    the set's own keys and chat template (the tokenizer is loaded once, if any set renders with it)."""
+    settings = getattr(args, "eval_sets", None) or []
+    tokenizer = None
+    if any(s.apply_chat_template for s in settings):
+        tokenizer = load_tokenizer(args.hf_checkpoint)
+    sets = []
+    for s in settings:
+        prompt_format = PromptFormat(
+            input_key=s.input_key,
+            label_key=s.label_key,
+            metadata_key=args.metadata_key,
+            tool_key=args.tool_key,
+            tokenizer=tokenizer if s.apply_chat_template else None,
+            apply_chat_template=s.apply_chat_template,
+        )
+        sets.append(EvalSet(s, load_prompts(s.path, prompt_format)))
+    return sets
 
 
 class RolloutFunction:
@@ -199,7 +212,7 @@ class RolloutManager:
         bundle_indices: list[int],
         log_dir: str | None = None,
         data_source: DataSource | None = None,
-        eval_datasets: dict[str, list[Sample]] | None = None,
+        eval_datasets: list[EvalSet] | None = None,
     ) -> None:
         """``data_source`` / ``eval_datasets``: already read by the driver (which checks the data before
         starting anything); read from the flags when not given (``--streaming-data``: always)."""
@@ -282,13 +295,18 @@ class RolloutManager:
             raise failure from None
 
     def eval(self, rollout_id: int) -> dict[str, float]:
-        """Scores the ``--eval-prompt-data`` sets with the current weights; ``eval/<name>`` metrics."""
+        """Scores the evaluation sets with the current weights; ``eval/<name>`` metrics. Their samples go
+        to ``<eval output dir>/rollout_<rollout_id>.jsonl`` (``slime.rollout.evaluation``)."""
         if not self.eval_datasets:
             return {}
         if self.router is None:
             raise RuntimeError("evaluation needs rollout engines; this run started none")
         with self._failures_named():
             output, _ = self.rollout_fn(self.args, rollout_id, self.eval_datasets, evaluation=True)
+        if output.eval_groups:
+            path = eval_output_dir(self.args, self.log_dir) / f"rollout_{rollout_id}.jsonl"
+            lines = write_eval_samples(path, rollout_id, output.eval_groups, self.args.reward_key)
+            logger.info("evaluation of rollout %d: %d samples in %s", rollout_id, lines, path)
         return output.metrics
 
     def engine_urls(self) -> list[str]:

@@ -202,19 +202,19 @@ class PromptFormat:
             raise ValueError("apply_chat_template and max_prompt_len need a tokenizer")
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, *, evaluation: bool = False) -> PromptFormat:
-        """The training prompts' format (``--input-key``, ``--label-key``, ``--rollout-max-prompt-len``),
-        or with ``evaluation`` the eval sets' (``--eval-input-key``, ``--eval-label-key``, no length cap);
-        both with ``--metadata-key``, ``--tool-key`` and ``--apply-chat-template``."""
-        max_prompt_len = None if evaluation else args.rollout_max_prompt_len
+    def from_args(cls, args: argparse.Namespace) -> PromptFormat:
+        """The training prompts' format: ``--input-key``, ``--label-key``, ``--metadata-key``,
+        ``--tool-key``, ``--apply-chat-template``, ``--rollout-max-prompt-len``. (Each evaluation set
+        builds its own, from its settings: ``slime.ray.rollout_manager.load_eval_datasets``.)"""
+        max_prompt_len = args.rollout_max_prompt_len
         tokenizer = None
         if args.apply_chat_template or max_prompt_len is not None:
             if args.hf_checkpoint is None:
                 raise DataError("--apply-chat-template and --rollout-max-prompt-len need --hf-checkpoint")
             tokenizer = load_tokenizer(args.hf_checkpoint)
         return cls(
-            input_key=args.eval_input_key if evaluation else args.input_key,
-            label_key=args.eval_label_key if evaluation else args.label_key,
+            input_key=args.input_key,
+            label_key=args.label_key,
             metadata_key=args.metadata_key,
             tool_key=args.tool_key,
             tokenizer=tokenizer,

@@ -39,9 +39,11 @@ from typing import Any
 import aiohttp
 from tqdm import tqdm
 
+from slime.config.eval_config import EvalSetSettings
 from slime.rollout import engine_control
 from slime.rollout.data_source import DataSource
 from slime.rollout.errors import RolloutError
+from slime.rollout.evaluation import EvalSet, eval_metrics
 from slime.rollout.filters import FilterResult, as_filter_result
 from slime.rollout.generate_utils import (
     RolloutContext,
@@ -57,7 +59,7 @@ from slime.rollout.generate_utils import (
     start_sample,
 )
 from slime.rollout.output import RolloutOutput
-from slime.rollout.rewards import score_groups
+from slime.rollout.rewards import RewardChoice, score_groups
 from slime.rollout.sample import Sample
 from slime.utils.plugins import load_function
 
@@ -71,21 +73,25 @@ ABORT_REPORT_S = 30.0  # how often a long abort says which requests it still wai
 logger = logging.getLogger(__name__)
 
 
-def sampling_params(args: argparse.Namespace, evaluation: bool = False) -> dict[str, Any]:
-    """SGLang sampling parameters from the ``--rollout-*`` flags (``--eval-*`` ones for evaluation).
+def sampling_params(args: argparse.Namespace, eval_set: EvalSetSettings | None = None) -> dict[str, Any]:
+    """SGLang sampling parameters from the ``--rollout-*`` flags, or an evaluation set's settings.
 
-    ``no_stop_trim`` keeps a matched stop string in the text, so that ``response`` is the text of
-    exactly the tokens trained on (``output_ids`` always keep the stop token).
+    Stop strings, stop tokens and special-token skipping are the rollout's for both: they belong to
+    the model's chat format, not to a data set. ``no_stop_trim`` keeps a matched stop string in the
+    text, so that ``response`` is the text of exactly the tokens trained on (``output_ids`` always
+    keep the stop token).
     """
-    prefix = "eval" if evaluation else "rollout"
     params: dict[str, Any] = {
-        "temperature": getattr(args, f"{prefix}_temperature"),
-        "top_p": getattr(args, f"{prefix}_top_p"),
-        "top_k": getattr(args, f"{prefix}_top_k"),
-        "max_new_tokens": getattr(args, f"{prefix}_max_response_len"),
+        "temperature": args.rollout_temperature,
+        "top_p": args.rollout_top_p,
+        "top_k": args.rollout_top_k,
+        "max_new_tokens": args.rollout_max_response_len,
         "skip_special_tokens": args.rollout_skip_special_tokens,
         "no_stop_trim": True,
     }
+    if eval_set is not None:
+        params["temperature"], params["top_p"] = eval_set.temperature, eval_set.top_p
+        params["top_k"], params["max_new_tokens"] = eval_set.top_k, eval_set.max_response_len
     if args.rollout_stop:
         params["stop"] = list(args.rollout_stop)
     if args.rollout_stop_token_ids:
@@ -112,11 +118,13 @@ async def default_generate(args: argparse.Namespace, sample: Sample, params: dic
 
 
 class RolloutClient:
-    """The per-rollout HTTP state: one session, one concurrency bound, one abort signal."""
+    """The per-rollout HTTP state: one session, one concurrency bound, one abort signal, and the reward
+    function its groups are scored with (an evaluation set's own, or the reward flags')."""
 
-    def __init__(self, args: argparse.Namespace, url: str) -> None:
+    def __init__(self, args: argparse.Namespace, url: str, reward: RewardChoice | None = None) -> None:
         self.args = args
         self.router_url = url
+        self.reward = RewardChoice.from_args(args) if reward is None else reward
         num_engines = max(1, (args.rollout_num_gpus or 1) // args.rollout_num_gpus_per_engine)
         concurrency = args.sglang_server_concurrency * num_engines
         self.semaphore = asyncio.Semaphore(concurrency)
@@ -168,7 +176,7 @@ class RolloutClient:
 
         done = [s for samples in await asyncio.gather(*(one(sample) for sample in group)) for s in samples]
         if all(sample.finished for sample in done):
-            await score_groups(args, [done])
+            await score_groups(args, [done], self.reward)
         return done
 
     async def abort(self, pending: set[asyncio.Task]) -> list[list[Sample]]:
@@ -238,11 +246,19 @@ async def generate_groups(
     groups: list[list[Sample]],
     url: str,
     desc: str = "rollout",
-    evaluation: bool = False,
+    eval_set: EvalSetSettings | None = None,
 ) -> list[list[Sample]]:
-    """Generates and scores ``groups`` through the router at ``url``; returns them in the same order."""
-    client = RolloutClient(args, url)
-    params = sampling_params(args, evaluation)
+    """Generates and scores ``groups`` through the router at ``url``; returns them in the same order.
+
+    ``eval_set``: sample and score with that evaluation set's settings instead of the rollout's.
+    """
+    reward = None
+    if eval_set is not None:
+        reward = RewardChoice(
+            rm_type=eval_set.rm_type, custom_rm_path=eval_set.custom_rm_path, group_rm=eval_set.group_rm
+        )
+    client = RolloutClient(args, url, reward)
+    params = sampling_params(args, eval_set)
     total = sum(len(group) for group in groups)
     try:
         with (
@@ -367,13 +383,13 @@ async def sample_rollout(args: argparse.Namespace, rollout_id: int, data_source:
 def generate_rollout(
     args: argparse.Namespace,
     rollout_id: int,
-    data_source: DataSource | dict[str, list[Sample]],
+    data_source: DataSource | list[EvalSet],
     evaluation: bool = False,
 ) -> RolloutOutput:
     """One rollout (``data_source``: a ``PromptDataSource`` or a ``--data-source-path`` instance), or
-    under ``evaluation`` the scores of the eval sets ``data_source`` maps by name."""
+    under ``evaluation`` the scores of the evaluation sets ``data_source`` lists."""
     if evaluation:
-        return RolloutOutput([], eval_rollout(args, rollout_id, data_source))
+        return eval_rollout(args, rollout_id, data_source)
     return asyncio.run(sample_rollout(args, rollout_id, data_source))
 
 
@@ -383,32 +399,28 @@ def _eval_copy(prompt: Sample, group_index: int, index: int) -> Sample:
     return sample
 
 
-def eval_rollout(
-    args: argparse.Namespace, rollout_id: int, datasets: dict[str, list[Sample]]
-) -> dict[str, float]:
-    """Scores every evaluation set; per set the mean reward (``eval/<name>``), length and truncation.
-
-    ``--n-samples-per-eval-prompt`` responses per prompt, sampled with the ``--eval-*`` settings.
-    """
-    n_per_prompt = args.n_samples_per_eval_prompt
+def eval_rollout(args: argparse.Namespace, rollout_id: int, eval_sets: list[EvalSet]) -> RolloutOutput:
+    """Scores every evaluation set with its own settings: ``n_samples_per_eval_prompt`` responses per
+    prompt, its sampling parameters and its reward function. Returns the ``eval/<name>`` metrics
+    (``slime.rollout.evaluation.eval_metrics``) and each set's scored groups, which the rollout manager
+    writes out sample by sample."""
+    pass_threshold = args.eval_pass_threshold if args.log_passrate else None
     metrics: dict[str, float] = {}
-    for name, prompts in datasets.items():
+    eval_groups: dict[str, list[list[Sample]]] = {}
+    for eval_set in eval_sets:
+        name, n_per_prompt = eval_set.name, eval_set.settings.n_samples_per_eval_prompt
         groups = [
             [_eval_copy(prompt, i, i * n_per_prompt + k) for k in range(n_per_prompt)]
-            for i, prompt in enumerate(prompts)
+            for i, prompt in enumerate(eval_set.prompts)
         ]
         desc = f"eval {name} @ rollout {rollout_id}"
-        done = asyncio.run(generate_groups(args, groups, router_url(args), desc=desc, evaluation=True))
-        samples = [sample for group in done for sample in group]
-        unscored = [sample for sample in samples if not sample.finished]
+        done = asyncio.run(generate_groups(args, groups, router_url(args), desc, eval_set.settings))
+        unscored = [sample for group in done for sample in group if not sample.finished]
         if unscored:
             raise RolloutError(
                 f"evaluation set {name!r}: {len(unscored)} samples came back unfinished (e.g. sample "
                 f"{unscored[0].index}, status {unscored[0].status.value}) and cannot be scored"
             )
-        n = len(samples)
-        truncated = sum(s.status == Sample.Status.TRUNCATED for s in samples)
-        metrics[f"eval/{name}"] = sum(s.reward_value(args.reward_key) for s in samples) / n
-        metrics[f"eval/{name}/response_length"] = sum(s.response_length for s in samples) / n
-        metrics[f"eval/{name}/truncated_ratio"] = truncated / n
-    return metrics
+        metrics.update(eval_metrics(name, done, args.reward_key, pass_threshold))
+        eval_groups[name] = done
+    return RolloutOutput([], metrics, eval_groups)

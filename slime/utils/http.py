@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -43,13 +44,42 @@ class ServerStartError(RuntimeError):
     """A server process that exited or never answered; the message ends with the tail of its log."""
 
 
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _below_ephemeral_ports() -> range:
+    """Ports under the kernel's ephemeral range, which outgoing connections never take as their own."""
+    try:
+        low = int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default
+    return range(max(1024, low - 12000), low)
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port() -> int:
     """A TCP port nobody listens on right now, on any address (the server binds it a moment later).
 
     Probing every interface matters: a port free on the node IP may be taken on 127.0.0.1, and a
-    TCPStore (torch.distributed's rendezvous) listens on all interfaces.
+    TCPStore (torch.distributed's rendezvous) listens on all interfaces. The port is drawn below the
+    ephemeral range: a port the kernel hands out (bind to 0) is also what it gives the next outgoing
+    connection of any process, and one did take a trainer's rendezvous port between the draw and
+    the bind (EADDRINUSE, seen on a busy 2-core machine).
     """
-    with socket.socket() as sock:
+    candidates = _below_ephemeral_ports()
+    # Not the global RNG: the trainers seed it, and every process would then try the same ports.
+    for port in random.SystemRandom().sample(candidates, min(64, len(candidates))):
+        if _bindable(port):
+            return port
+    with socket.socket() as sock:  # every candidate taken: let the kernel pick
         sock.bind(("", 0))
         return sock.getsockname()[1]
 

@@ -47,8 +47,9 @@ def tiny_model(root: Path) -> Path:
     return make_tiny_model(root / "qwen2")
 
 
-def check_megatron_bf16(model: Path, root: Path) -> dict[str, float]:
-    """One bf16 SFT step of megatron-core on CUDA (NCCL world of one) through ``MegatronTrainer``."""
+def check_megatron_bf16(model: Path, root: Path, model_flags: list[str] | None = None) -> dict[str, float]:
+    """One bf16 SFT step of megatron-core on CUDA (NCCL world of one) through ``MegatronTrainer``;
+    ``model_flags`` default to the tiny Qwen2 script's ([]: every model flag from config.json)."""
     from conftest import model_args
 
     from slime.backends.megatron.policy_inputs import step_shard
@@ -58,7 +59,7 @@ def check_megatron_bf16(model: Path, root: Path) -> dict[str, float]:
 
     args = parse_args(
         [
-            *model_args(),
+            *(model_args() if model_flags is None else model_flags),
             "--hf-checkpoint", str(model),
             "--debug-train-only",
             "--loss-type", "sft_loss",
@@ -99,6 +100,22 @@ def check_megatron_bf16(model: Path, root: Path) -> dict[str, float]:
         }
     finally:
         trainer.close()
+
+
+def family_flags() -> dict[str, list[str]]:
+    """GLM-4, GLM-4.5 and DeepSeek-V3 (MLA) with their flags from config.json, on Transformer Engine's
+    layer spec when it is installed (what a GPU run uses; the CPU suite checks the local spec)."""
+    import importlib.util
+
+    te = importlib.util.find_spec("transformer_engine") is not None
+    impl = ["--transformer-impl", "transformer_engine"] if te else []
+    return {arch: list(impl) for arch in ("glm4", "glm4_moe", "deepseek_v3")}
+
+
+def make_family_model(root: Path, arch: str) -> Path:
+    from tools.make_tiny_model import make_tiny_model
+
+    return make_tiny_model(root / arch, arch=arch, tie_word_embeddings=False)
 
 
 def check_engine_generate(url: str) -> dict[str, float]:
@@ -354,6 +371,12 @@ def run_checks(handoff_gb: float = 1.0) -> dict[str, dict]:
         print(f"ok   {name}: {json.dumps(results[name])}", flush=True)
 
     timed("megatron_bf16_train_step", lambda: check_megatron_bf16(model, root))
+    for arch, flags in family_flags().items():  # the Transformer Engine spec, where TE is installed
+        family = make_family_model(root, arch)
+        timed(
+            f"megatron_bf16_train_step_{arch}",
+            lambda family=family, flags=flags: check_megatron_bf16(family, root, flags),
+        )
     from slime.backends.engine_server import start_engine_server
     from slime.backends.torch_engine.launcher import serving
 

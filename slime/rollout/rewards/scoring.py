@@ -10,6 +10,9 @@ Which function scores a sample, first match wins:
 3. ``--rm-type``: a name in ``BUILTIN_REWARDS``.
 
 A function may return a dict of several scores; ``--reward-key`` names the one that trains.
+
+``RewardChoice`` carries the three reward flags; each evaluation set has its own (``--eval-config``),
+the training rollout takes the flags'.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import inspect
 import logging
 import math
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from slime.rollout.rewards.errors import RewardError
@@ -60,11 +64,25 @@ def load_reward_function(path: str) -> Callable[..., Any]:
         raise RewardError(f"--custom-rm-path {path!r} cannot be loaded ({e})") from e
 
 
-def resolve_reward_fn(args: argparse.Namespace, sample: Sample) -> RewardFn:
+@dataclass(frozen=True, kw_only=True)
+class RewardChoice:
+    """Which reward function scores: ``--custom-rm-path`` (per group with ``--group-rm``) or ``--rm-type``."""
+
+    rm_type: str | None = None
+    custom_rm_path: str | None = None
+    group_rm: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> RewardChoice:
+        """The reward flags' choice (training, and eval sets that name no reward of their own)."""
+        return cls(rm_type=args.rm_type, custom_rm_path=args.custom_rm_path, group_rm=args.group_rm)
+
+
+def resolve_reward_fn(choice: RewardChoice, sample: Sample) -> RewardFn:
     """The per-sample reward function for ``sample`` (see the module docstring for the order)."""
-    if args.custom_rm_path is not None:
-        return load_reward_function(args.custom_rm_path)
-    rm_type = sample.metadata.get("rm_type") or args.rm_type
+    if choice.custom_rm_path is not None:
+        return load_reward_function(choice.custom_rm_path)
+    rm_type = sample.metadata.get("rm_type") or choice.rm_type
     if rm_type is None:
         raise RewardError(
             f"no reward function; pass --rm-type ({', '.join(BUILTIN_REWARDS)}) or --custom-rm-path"
@@ -80,8 +98,8 @@ async def _call(fn: Callable[..., Any], *fn_args: Any) -> Any:
 
 
 async def compute_reward(args: argparse.Namespace, sample: Sample) -> RewardValue:
-    """The reward of one sample, as its reward function returned it (a number or a dict of numbers)."""
-    return await _call(resolve_reward_fn(args, sample), args, sample)
+    """The reward of one sample by the reward flags, as its function returned it (a number or a dict)."""
+    return await _call(resolve_reward_fn(RewardChoice.from_args(args), sample), args, sample)
 
 
 def _checked(value: Any, reward_key: str | None, sample: Sample) -> RewardValue:
@@ -128,20 +146,24 @@ async def _score_group(args: argparse.Namespace, group: list[Sample], fn: GroupR
         sample.reward = reward
 
 
-async def score_groups(args: argparse.Namespace, groups: list[list[Sample]]) -> None:
+async def score_groups(
+    args: argparse.Namespace, groups: list[list[Sample]], choice: RewardChoice | None = None
+) -> None:
     """Score every sample of ``groups`` concurrently, setting ``sample.reward`` in place.
 
-    A reward function that raises (or returns no usable number) fails only its own sample (its whole
-    group with ``--group-rm``): status FAILED, reward 0.0 so that batch shapes stay intact,
+    ``choice``: the reward function to use (an eval set's); the reward flags' when None. A reward
+    function that raises (or returns no usable number) fails only its own sample (its whole group
+    with ``--group-rm``): status FAILED, reward 0.0 so that batch shapes stay intact,
     ``metadata["reward_error"]`` says why, and one warning names the sample index. The rollout decides
     whether to drop FAILED samples. A configuration problem (no or unknown --rm-type, an unloadable
     --custom-rm-path) raises ``RewardError`` before anything is scored.
     """
-    if args.group_rm:
-        if args.custom_rm_path is None:
+    choice = RewardChoice.from_args(args) if choice is None else choice
+    if choice.group_rm:
+        if choice.custom_rm_path is None:
             raise RewardError("--group-rm needs --custom-rm-path (a function scoring a whole group)")
-        group_fn = load_reward_function(args.custom_rm_path)
+        group_fn = load_reward_function(choice.custom_rm_path)
         tasks = [_score_group(args, group, group_fn) for group in groups if group]
     else:
-        tasks = [_score_sample(args, s, resolve_reward_fn(args, s)) for group in groups for s in group]
+        tasks = [_score_sample(args, s, resolve_reward_fn(choice, s)) for group in groups for s in group]
     await asyncio.gather(*tasks)

@@ -98,6 +98,7 @@ def test_streaming_serves_what_memory_serves_over_three_epochs_with_slices_buffe
     assert read_all(LazyPrompts(PromptIndex.build(spec), plain), None, True) == load_prompts(spec, plain)
 
 
+@pytest.mark.e2e  # worker processes
 def test_num_data_workers_serve_the_same_order_and_stop_with_the_source(tmp_path):
     spec = f"{prompt_file(tmp_path / 'd.jsonl', 30)}@[2:-3]"
     expected = serve(lambda: streaming(spec), 20, tmp_path)
@@ -166,6 +167,7 @@ def test_parquet_streams_through_row_groups(tmp_path):
     assert lazy.index.where(0) == f"{path}:row 3"
 
 
+@pytest.mark.e2e  # worker processes
 def test_workers_exit_when_their_owner_is_killed(tmp_path):
     """A Ray actor killed by ``ray.kill`` runs no shutdown: its workers must notice and exit by themselves."""
     import os

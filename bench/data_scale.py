@@ -107,13 +107,11 @@ def driver(config: dict) -> dict:
 
     args = run_args(config)
     start = time.perf_counter()
-    if config["streaming"]:
-        check_streaming_data(args)
-        payload = 0
-    else:
-        with open(config["pickle"], "wb") as f:
-            pickle.dump(make_data_source(args), f, protocol=5)
-        payload = os.path.getsize(config["pickle"])
+    # What the driver hands the rollout manager (Ray pickles it): the index, or the whole source.
+    shipped = check_streaming_data(args) if config["streaming"] else make_data_source(args)
+    with open(config["pickle"], "wb") as f:
+        pickle.dump(shipped, f, protocol=5)
+    payload = os.path.getsize(config["pickle"])
     seconds = time.perf_counter() - start
     return {"seconds": seconds, "payload_mb": payload / 2**20}
 
@@ -123,11 +121,9 @@ def manager(config: dict) -> dict:
 
     args = run_args(config)
     start = time.perf_counter()
-    if config["streaming"]:
-        source = make_data_source(args)
-    else:
-        with open(config["pickle"], "rb") as f:
-            source = pickle.load(f)
+    with open(config["pickle"], "rb") as f:
+        shipped = pickle.load(f)
+    source = make_data_source(args, shipped) if config["streaming"] else shipped
     built = time.perf_counter() - start
     timings = []
     for _ in range(2):

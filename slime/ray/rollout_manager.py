@@ -44,6 +44,7 @@ from slime.rollout.errors import EngineFailure, RolloutError
 from slime.rollout.evaluation import EvalSet, eval_output_dir, write_eval_samples
 from slime.rollout.output import RolloutOutput
 from slime.rollout.prompt_files import PromptFormat, load_prompts, load_tokenizer
+from slime.rollout.prompt_index import PromptIndex
 from slime.rollout.router import Router
 from slime.rollout.sample import Sample
 from slime.utils.plugins import load_function
@@ -212,15 +213,17 @@ class RolloutManager:
         bundle_indices: list[int],
         log_dir: str | None = None,
         data_source: DataSource | None = None,
+        prompt_index: PromptIndex | None = None,
         eval_datasets: list[EvalSet] | None = None,
     ) -> None:
         """``data_source`` / ``eval_datasets``: already read by the driver (which checks the data before
-        starting anything); read from the flags when not given (``--streaming-data``: always)."""
+        starting anything); read from the flags when not given (``--streaming-data``: always, from the
+        driver's ``prompt_index`` of the file when given)."""
         self.args = args
         self.log_dir = log_dir or run_log_dir()
         self.engines = EnginePool(args, pg, bundle_indices, self.log_dir)
         self.router = Router(self.log_dir) if bundle_indices else None
-        self.data_source = data_source if data_source is not None else make_data_source(args)
+        self.data_source = data_source if data_source is not None else make_data_source(args, prompt_index)
         self.rollout_fn = RolloutFunction(args.rollout_function_path)
         self.eval_datasets = eval_datasets if eval_datasets is not None else load_eval_datasets(args)
         self.recovery: EngineRecovery | None = None  # --use-fault-tolerance, once the engines are up

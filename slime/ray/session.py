@@ -71,10 +71,12 @@ class TrainingSession:
         args = self.args
         # Read (and so check) the data before any process starts: a bad line is a one-line error.
         # --streaming-data: only the file's structure and first record here; the rollout manager
-        # builds its own source from the path, so the data never travels to it.
+        # builds its own source from the path and this index (12 bytes a record), so the data never
+        # travels to it.
         streaming = args.streaming_data and args.data_source_path is None
         data_source = None if streaming else make_data_source(args)
-        sized = check_streaming_data(args) if streaming else data_source
+        index = check_streaming_data(args) if streaming else None
+        sized = index if streaming else data_source
         if args.num_rollout is None:  # --num-epoch: the trainers' LR schedule needs the count up front
             args.num_rollout = rollouts_for_epochs(sized, args.num_epoch, args.rollout_batch_size)
             logger.info("--num-epoch %d: %d rollouts", args.num_epoch, args.num_rollout)
@@ -93,7 +95,12 @@ class TrainingSession:
             first = 0 if args.colocate else num_trainers
             rollout_bundles = order[first : first + args.rollout_num_gpus]
         self.rollout = RolloutManager.options(num_cpus=0).remote(
-            args, self.pg, rollout_bundles, data_source=data_source, eval_datasets=eval_datasets
+            args,
+            self.pg,
+            rollout_bundles,
+            data_source=data_source,
+            prompt_index=index,
+            eval_datasets=eval_datasets,
         )
         # PPO's critic takes the last bundles.
         critic_bundles = order[len(order) - num_critics :]

@@ -100,10 +100,11 @@ def rollouts_for_epochs(data_source: object, num_epoch: int, rollout_batch_size:
     return rollouts
 
 
-def make_data_source(args: argparse.Namespace) -> DataSource:
-    """``--data-source-path``'s class built with ``args``, else prompts from ``--prompt-data``."""
+def make_data_source(args: argparse.Namespace, index: PromptIndex | None = None) -> DataSource:
+    """``--data-source-path``'s class built with ``args``, else prompts from ``--prompt-data`` (from
+    ``index`` when the driver already built it: ``check_streaming_data``)."""
     if args.data_source_path is None:
-        return PromptDataSource.from_args(args)
+        return PromptDataSource.from_args(args, index)
     from slime.utils.plugins import load_function
 
     return load_function(args.data_source_path)(args)
@@ -183,11 +184,12 @@ class PromptDataSource:
         self._fill_lookahead(prefetch)
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> PromptDataSource:
-        """Build from parsed flags: --prompt-data, --*-key, --apply-chat-template, --rollout-* ."""
+    def from_args(cls, args: argparse.Namespace, index: PromptIndex | None = None) -> PromptDataSource:
+        """Build from parsed flags: --prompt-data, --*-key, --apply-chat-template, --rollout-* (the
+        file's ``index`` when given: a second pass over a large file costs about as much as the first)."""
         if args.prompt_data is None:
             raise DataError("--prompt-data is required to generate rollouts; pass a JSONL or Parquet file")
-        lazy = LazyPrompts(PromptIndex.build(args.prompt_data), PromptFormat.from_args(args))
+        lazy = LazyPrompts(index or PromptIndex.build(args.prompt_data), PromptFormat.from_args(args))
         stop_on_bad = args.on_bad_prompt == "stop"
         workers = PromptWorkers(lazy, args.num_data_workers) if args.num_data_workers else None
         prompts: Sequence[Outcome] | LazyPrompts = lazy

@@ -92,7 +92,7 @@ class HealthMonitor:
     """Probes every HEALTHY engine of ``engines`` in a thread; ``on_failure(engine, reason)`` per failure,
     and again each round for an engine still FAILED (its restart did not work).
 
-        ``tick`` is one round (what the thread does every interval); tests call it with a fake clock.
+    ``tick`` is one round (what the thread does every interval); tests call it with a fake clock.
     """
 
     def __init__(

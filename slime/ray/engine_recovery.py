@@ -31,28 +31,36 @@ logger = logging.getLogger(__name__)
 RESTART_FAILED = "; its restart failed: "
 
 
-def _probing(
-    args: argparse.Namespace,
-    pool: EnginePool,
-    on_failure: Callable[[EngineHealth, str], None],
-    clock: Callable[[], float],
-) -> tuple[list[EngineHealth], HealthMonitor]:
-    """The pool's engines, HEALTHY, and a monitor probing them as the ``--rollout-health-check-*``
-    flags say."""
-    timeout_s = args.rollout_health_check_timeout
-    engines = [EngineHealth(rank, url) for rank, url in enumerate(pool.urls)]
-    monitor = HealthMonitor(
-        engines,
-        lambda engine: engine_problem(engine.url, pool.exit_codes(engine.rank), timeout_s),
-        on_failure,
-        interval_s=args.rollout_health_check_interval,
-        first_wait_s=args.rollout_health_check_first_wait,
-        clock=clock,
-    )
-    return engines, monitor
+class _ProbedEngines:
+    """The engines of one ``EnginePool``, HEALTHY at first, probed as the ``--rollout-health-check-*``
+    flags say; what a failure does is the subclass's ``_on_failure``."""
+
+    def __init__(
+        self, args: argparse.Namespace, pool: EnginePool, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.pool, self.clock = pool, clock
+        timeout_s = args.rollout_health_check_timeout
+        self.engines = [EngineHealth(rank, url) for rank, url in enumerate(pool.urls)]
+        self.monitor = HealthMonitor(
+            self.engines,
+            lambda engine: engine_problem(engine.url, pool.exit_codes(engine.rank), timeout_s),
+            self._on_failure,
+            interval_s=args.rollout_health_check_interval,
+            first_wait_s=args.rollout_health_check_first_wait,
+            clock=clock,
+        )
+
+    def _on_failure(self, engine: EngineHealth, reason: str) -> None:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        self.monitor.start()
+
+    def stop(self) -> None:
+        self.monitor.stop()
 
 
-class EngineWatch:
+class EngineWatch(_ProbedEngines):
     """Without ``--use-fault-tolerance``: the first failed engine ends the run with ``failure``.
 
     It is stopped at once: the requests it holds fail (a hung engine would hold them for good), so the
@@ -61,18 +69,11 @@ class EngineWatch:
 
     def __init__(
         self, args: argparse.Namespace, pool: EnginePool, clock: Callable[[], float] = time.monotonic
-    ):
-        self.pool, self.clock = pool, clock
-        self.engines, self.monitor = _probing(args, pool, self._stop_engine, clock)
+    ) -> None:
+        super().__init__(args, pool, clock)
         self.failure: EngineFailure | None = None
 
-    def start(self) -> None:
-        self.monitor.start()
-
-    def stop(self) -> None:
-        self.monitor.stop()
-
-    def _stop_engine(self, engine: EngineHealth, reason: str) -> None:
+    def _on_failure(self, engine: EngineHealth, reason: str) -> None:
         if engine.state is EngineState.FAILED:  # stopped already, at the round that found it
             return
         engine.fail(self.clock(), reason)
@@ -84,7 +85,7 @@ class EngineWatch:
         self.pool.stop(engine.rank)
 
 
-class EngineRecovery:
+class EngineRecovery(_ProbedEngines):
     """Health monitoring and replacement of the engines of one ``EnginePool`` behind one ``Router``."""
 
     def __init__(
@@ -94,17 +95,11 @@ class EngineRecovery:
         router: Router,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.pool, self.router, self.clock = pool, router, clock
-        self.engines, self.monitor = _probing(args, pool, self._replace, clock)
+        super().__init__(args, pool, clock)
+        self.router = router
         self._lock = threading.Lock()
 
-    def start(self) -> None:
-        self.monitor.start()
-
-    def stop(self) -> None:
-        self.monitor.stop()
-
-    def _replace(self, engine: EngineHealth, reason: str) -> None:
+    def _on_failure(self, engine: EngineHealth, reason: str) -> None:
         """Out of the router, stopped, started again; STALE until the next push (FAILED if it does not
         come up: the run goes on with the others, the next round tries again, and the run stops when
         none is left)."""

@@ -95,13 +95,27 @@ def _key(*names: str) -> Callable[[dict], Reading]:
     return read
 
 
+def _rope_setting(cfg: dict, name: str) -> tuple[Any, str] | None:
+    """A RoPE key (``rope_theta``, ``partial_rotary_factor``) and where it was found: at the top level,
+    or in ``rope_parameters``, where transformers 5 moved it."""
+    params = cfg.get("rope_parameters")
+    if cfg.get(name) is not None:
+        return cfg[name], name
+    if isinstance(params, dict) and params.get(name) is not None:
+        return params[name], f"rope_parameters.{name}"
+    return None
+
+
+def _rope_kind(block: dict) -> str:
+    """The scheme of a RoPE block (transformers 5 says ``rope_type``, older configs ``type``)."""
+    return block.get("rope_type", block.get("type", "default"))
+
+
 def _rope_theta(cfg: dict) -> Reading:
-    theta, where = cfg.get("rope_theta"), "rope_theta"
-    params = cfg.get("rope_parameters")  # transformers 5 moved it here
-    if theta is None and isinstance(params, dict) and params.get("rope_theta") is not None:
-        theta, where = params["rope_theta"], "rope_parameters.rope_theta"
-    if theta is None:
+    found = _rope_setting(cfg, "rope_theta")
+    if found is None:
         return None
+    theta, where = found
     theta = int(theta) if float(theta).is_integer() else theta
     return theta, f"{where}={theta}"
 
@@ -124,7 +138,7 @@ def _use_rope_scaling(cfg: dict) -> Reading:
     if found is None:
         return None
     block, key = found
-    kind = block.get("rope_type", block.get("type", "default"))
+    kind = _rope_kind(block)
     if kind not in ("llama3", "default"):
         return None
     return kind == "llama3", f"{key}.rope_type={kind}"
@@ -132,21 +146,15 @@ def _use_rope_scaling(cfg: dict) -> Reading:
 
 def _rope_scaling_factor(cfg: dict) -> Reading:
     found = _rope_scaling(cfg)
-    if found is None or found[0].get("rope_type", found[0].get("type")) != "llama3":
+    if found is None or _rope_kind(found[0]) != "llama3":
         return None
     block, key = found
     return (block["factor"], f"{key}.factor={block['factor']}") if "factor" in block else None
 
 
 def _rotary_percent(cfg: dict) -> Reading:
-    for key in ("partial_rotary_factor", "rope_parameters"):  # transformers 5 moved it into the RoPE block
-        value = cfg.get(key)
-        if key == "rope_parameters":
-            value = value.get("partial_rotary_factor") if isinstance(value, dict) else None
-            key = "rope_parameters.partial_rotary_factor"
-        if value is not None:
-            return float(value), f"{key}={value}"
-    return None
+    found = _rope_setting(cfg, "partial_rotary_factor")
+    return None if found is None else (float(found[0]), f"{found[1]}={found[0]}")
 
 
 def _by_type(types: frozenset[str], what: str) -> Callable[[dict], Reading]:
@@ -186,7 +194,7 @@ def _yarn(name: str, cast: Callable[[Any], Any] = float) -> Callable[[dict], Rea
 
     def read(cfg: dict) -> Reading:
         found = _rope_scaling(cfg) if _mla(cfg) else None
-        if found is None or found[0].get("rope_type", found[0].get("type")) != "yarn":
+        if found is None or _rope_kind(found[0]) != "yarn":
             return None
         block, key = found
         return (cast(block[name]), f"{key}.{name}={block[name]}") if name in block else None
@@ -199,7 +207,7 @@ def _rope_type(cfg: dict) -> Reading:
     if found is None:
         return None
     block, key = found
-    kind = block.get("rope_type", block.get("type", "default"))
+    kind = _rope_kind(block)
     return ("yarn" if kind == "yarn" else "rope"), f"{key}.rope_type={kind}"
 
 
@@ -259,6 +267,12 @@ def _bias_linear(cfg: dict) -> Reading:
     return None
 
 
+def _scores_by(cfg: dict) -> str:
+    """The router's score function config.json implies (softmax when it says nothing)."""
+    reading = _score_function(cfg)
+    return "softmax" if reading is None else reading[0]
+
+
 def _score_function(cfg: dict) -> Reading:
     if "scoring_func" in cfg:  # DeepSeek-V3
         return cfg["scoring_func"], f"scoring_func={cfg['scoring_func']}"
@@ -294,8 +308,8 @@ def _shared_experts(cfg: dict) -> Reading:
 def _pre_softmax(cfg: dict) -> Reading:
     # HF takes the top-k of the softmax over all experts and renormalises them when norm_topk_prob is
     # set; Megatron's default (softmax over the top-k logits) is that renormalised form. A sigmoid
-    # router always renormalises in Megatron (checked in ``_check_sigmoid_router``).
-    if "norm_topk_prob" not in cfg or (_score_function(cfg) or ("softmax",))[0] != "softmax":
+    # router always renormalises in Megatron (checked in ``_check_router``).
+    if "norm_topk_prob" not in cfg or _scores_by(cfg) != "softmax":
         return None
     norm = bool(cfg["norm_topk_prob"])
     return not norm, f"norm_topk_prob={_show(norm)}"
@@ -431,8 +445,7 @@ def apply_hf_config(
 def _check_router(config: dict[str, Any], path: str) -> None:
     """Routings megatron-core computes differently from transformers: one line before anything starts."""
     topk = config.get("num_experts_per_tok") or 1
-    sigmoid = (_score_function(config) or ("softmax",))[0] == "sigmoid"
-    if sigmoid and config.get("norm_topk_prob") is False and topk > 1:
+    if _scores_by(config) == "sigmoid" and config.get("norm_topk_prob") is False and topk > 1:
         raise ConfigError(
             "--moe-router-score-function",
             f"sigmoid with norm_topk_prob=false in {path}: megatron-core always renormalises the "

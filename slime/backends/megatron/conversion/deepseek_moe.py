@@ -38,8 +38,9 @@ class DeepSeekMoeConverter(Qwen3MoeConverter):
     """GLM-4.5: the dense family's attention (q/k norms, q/k/v bias) with DeepSeek's MoE."""
 
     SHARED = "mlp.shared_experts."
-    ONE_TO_ONE: ClassVar[dict[str, str]] = {
-        **Qwen3MoeConverter.ONE_TO_ONE,
+    LAYER_NAMES: ClassVar[dict[str, str]] = {
+        **Qwen3MoeConverter.LAYER_NAMES,
+        "mlp.shared_experts.linear_fc2.weight": "mlp.shared_experts.down_proj.weight",
         "mlp.router.expert_bias": "mlp.gate.e_score_correction_bias",
     }
 
@@ -48,4 +49,4 @@ class DeepSeekV3Converter(DeepSeekMoeConverter):
     """DeepSeek-V3, Kimi-K2, Moonlight: DeepSeek's MoE with multi-latent attention (whose latent norms
     take the names the dense family's q/k norms have on the Megatron side)."""
 
-    ONE_TO_ONE: ClassVar[dict[str, str]] = {**DeepSeekMoeConverter.ONE_TO_ONE, **_MLA}
+    LAYER_NAMES: ClassVar[dict[str, str]] = {**DeepSeekMoeConverter.LAYER_NAMES, **_MLA}

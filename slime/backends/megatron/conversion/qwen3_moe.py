@@ -38,25 +38,19 @@ def _expert(rest: str) -> tuple[int, str] | None:
 
 class Qwen3MoeConverter(LlamaLikeConverter):
     SHARED = "mlp.shared_expert."
-    """HF prefix of the shared expert's gated MLP."""
-    ONE_TO_ONE: ClassVar[dict[str, str]] = {
+    """HF prefix of the shared expert's gated MLP (its ``linear_fc1`` is fused from it)."""
+    LAYER_NAMES: ClassVar[dict[str, str]] = {
+        **LlamaLikeConverter.LAYER_NAMES,
         "mlp.router.weight": "mlp.gate.weight",
         "mlp.shared_experts.gate_weight": "mlp.shared_expert_gate.weight",
+        "mlp.shared_experts.linear_fc2.weight": "mlp.shared_expert.down_proj.weight",
     }
-    """Megatron name (inside a layer) -> HF name, for the tensors that map one to one."""
-
-    def _one_to_one(self, rest: str) -> str | None:
-        if rest == "mlp.shared_experts.linear_fc2.weight":
-            return self.SHARED + "down_proj.weight"
-        return self.ONE_TO_ONE.get(rest)
 
     def megatron_from_hf(self, name: str, hf: HFGetter) -> torch.Tensor:
         layer, rest = split_layer_name(name)
         if layer is None:
             return super().megatron_from_hf(name, hf)
         prefix = f"model.layers.{layer}."
-        if (source := self._one_to_one(rest)) is not None:
-            return hf(prefix + source)
         if rest == _SHARED_FC1:
             return self._fuse_gate_up(hf, prefix + self.SHARED)
         expert = _expert(rest)
@@ -73,8 +67,6 @@ class Qwen3MoeConverter(LlamaLikeConverter):
         if layer is None:
             return super().hf_from_megatron(name, tensor)
         prefix = f"model.layers.{layer}."
-        if (target := self._one_to_one(rest)) is not None:
-            return [(prefix + target, tensor)]
         if rest == _SHARED_FC1:
             return self._split_gate_up(tensor, prefix + self.SHARED)
         expert = _expert(rest)
@@ -85,12 +77,3 @@ class Qwen3MoeConverter(LlamaLikeConverter):
         if fc == "linear_fc1":
             return self._split_gate_up(tensor, mlp)
         return [(mlp + "down_proj.weight", tensor)]
-
-    @staticmethod
-    def _fuse_gate_up(hf: HFGetter, mlp: str) -> torch.Tensor:
-        return torch.cat([hf(mlp + "gate_proj.weight"), hf(mlp + "up_proj.weight")], dim=0)
-
-    @staticmethod
-    def _split_gate_up(tensor: torch.Tensor, mlp: str) -> list[tuple[str, torch.Tensor]]:
-        gate, up = tensor.chunk(2, dim=0)
-        return [(mlp + "gate_proj.weight", gate), (mlp + "up_proj.weight", up)]

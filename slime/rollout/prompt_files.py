@@ -58,20 +58,32 @@ def read_records(spec: str) -> list[Record]:
     a huge file sliced to a few rows is cheap. Raises ``DataError`` for a missing file, a malformed line,
     a row that is not an object, or when nothing is left.
     """
+    path, data_slice = data_file(spec)
+    if path.endswith(PARQUET_SUFFIXES):
+        records = _read_parquet(path, data_slice)
+    else:
+        records = _read_jsonl(path, data_slice)
+    if not records:
+        raise no_records(spec, data_slice)
+    return records
+
+
+def data_file(spec: str) -> tuple[str, slice | None]:
+    """The file and the record slice of ``PATH`` or ``PATH@[start:end]``; ``DataError`` for a malformed
+    slice or a file that does not exist (read in memory or indexed for streaming alike)."""
     try:
         path, data_slice = split_data_path(spec)
     except ValueError as e:
         raise DataError(str(e)) from e
     if not os.path.isfile(path):
         raise DataError(f"{path} does not exist; pass an existing JSONL or Parquet file")
-    if path.endswith(PARQUET_SUFFIXES):
-        records = _read_parquet(path, data_slice)
-    else:
-        records = _read_jsonl(path, data_slice)
-    if not records:
-        what = f"the slice @[{_fmt_slice(data_slice)}] selects no records" if data_slice else "no records"
-        raise DataError(f"{spec}: {what}; check the file and the slice")
-    return records
+    return path, data_slice
+
+
+def no_records(spec: str, data_slice: slice | None) -> DataError:
+    """The error for a file (slice) that holds no record."""
+    what = f"the slice @[{_fmt_slice(data_slice)}] selects no records" if data_slice else "no records"
+    return DataError(f"{spec}: {what}; check the file and the slice")
 
 
 def _fmt_slice(s: slice) -> str:

@@ -13,14 +13,19 @@ The pass runs at numpy speed: 0.4 s for a 1M-line, 330 MB file (README "Large pr
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from slime.config import split_data_path
-from slime.rollout.prompt_files import PARQUET_SUFFIXES, DataError, Record, jsonl_record
+from slime.rollout.prompt_files import (
+    PARQUET_SUFFIXES,
+    DataError,
+    Record,
+    data_file,
+    jsonl_record,
+    no_records,
+)
 
 CHUNK_BYTES = 8 << 20
 
@@ -47,12 +52,7 @@ class PromptIndex:
     def build(cls, spec: str) -> PromptIndex:
         """Index ``PATH`` or ``PATH@[start:end]``; ``DataError`` for a missing file, a structural problem
         or when no record is left."""
-        try:
-            path, data_slice = split_data_path(spec)
-        except ValueError as e:
-            raise DataError(str(e)) from e
-        if not os.path.isfile(path):
-            raise DataError(f"{path} does not exist; pass an existing JSONL or Parquet file")
+        path, data_slice = data_file(spec)
         if path.endswith(PARQUET_SUFFIXES):
             positions, lines = _parquet_rows(path), None
         else:
@@ -61,10 +61,7 @@ class PromptIndex:
             positions = positions[data_slice]
             lines = None if lines is None else lines[data_slice]
         if not len(positions):
-            what = "no records"
-            if data_slice is not None:
-                what = f"the slice @[{spec.rsplit('@[', 1)[1]} selects no records"
-            raise DataError(f"{spec}: {what}; check the file and the slice")
+            raise no_records(spec, data_slice)
         return cls(path, positions, lines)
 
     def __len__(self) -> int:

@@ -16,7 +16,8 @@ import pytest
 import torch
 from conftest import redraw_norms_and_biases
 from safetensors.torch import load_file
-from test_moe import run
+from test_megatron_trainer import assert_same_tensors, hf_logprob_diff
+from test_parallel_layouts import assert_layout_matches, logprob_data, run_layout
 
 from slime.config import parse_args
 
@@ -75,40 +76,23 @@ def test_config_json_alone_gives_each_family_its_megatron_flags(family_models):
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def ep1(request, ray_cluster, family_models):
-    return request.param, run(family_models[request.param], [], model_flags=[])
+    return request.param, run_layout(family_models[request.param], 2, [], model_flags=[])
 
 
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_converts_bit_exact_matches_transformers_and_ep2_equals_ep1(ep1, family_models):
-    from test_megatron_trainer import hf_logprobs, sft_data
-
     arch, one = ep1
     model = family_models[arch]
     original = load_file(model / "model.safetensors")
-    assert sorted(one["loaded"]) == sorted(original)
     assert "model.layers.1.mlp.gate.e_score_correction_bias" in original
-    for name, tensor in original.items():
-        assert torch.equal(one["loaded"][name], tensor), name
-    data = sft_data(6, seed=1)
-    data["response_lengths"] = [len(t) - 1 for t in data["tokens"]]
-    theirs = hf_logprobs(model, data)
-    diff = max((a - b).abs().max().item() for a, b in zip(one["log_probs"], theirs, strict=True))
-
-    two = run(model, EP2, model_flags=[])
-    for name, tensor in one["loaded"].items():
-        assert torch.equal(two["loaded"][name], tensor), name  # every expert, gathered over both ranks
-    log_probs = max(
-        (a - b).abs().max().item() for a, b in zip(two["log_probs"], one["log_probs"], strict=True)
-    )
-    loss = abs(two["metrics"]["loss"] - one["metrics"]["loss"]) / abs(one["metrics"]["loss"])
-    grad_norm = abs(two["metrics"]["grad_norm"] - one["metrics"]["grad_norm"]) / one["metrics"]["grad_norm"]
-    print(
-        f"{arch}: |log-prob(Megatron) - log-prob(transformers)| {diff:.3g}; EP=2 vs EP=1: loss rel "
-        f"{loss:.3g}, grad norm rel {grad_norm:.3g}, log-probs abs {log_probs:.3g}"
-    )
+    assert_same_tensors(one["loaded"], original)
+    diff = hf_logprob_diff(model, logprob_data(), one["log_probs"])
     assert diff <= 1e-4
-    assert loss <= 1e-5 and grad_norm <= 1e-5 and log_probs <= 1e-5
+
+    two = run_layout(model, 2, EP2, model_flags=[])
+    parity = assert_layout_matches(two, one)  # every expert gathered over both ranks; loss, grad norm
+    print(f"{arch}: |log-prob(Megatron) - log-prob(transformers)| {diff:.3g}; EP=2 vs EP=1: {parity}")
     # The trained bias stays the checkpoint's: --moe-router-bias-update-rate 0 (the engines route with it).
     bias = "model.layers.1.mlp.gate.e_score_correction_bias"
     assert torch.equal(two["trained"][bias], original[bias])
@@ -122,10 +106,7 @@ def test_multi_latent_attention_at_tp2_matches_transformers(ray_cluster, family_
     from test_moe import tp2_forward
 
     exported, diff = tp2_forward(family_models["deepseek_v3"])
-    original = load_file(family_models["deepseek_v3"] / "model.safetensors")
-    assert sorted(exported) == sorted(original)
-    for name, tensor in original.items():
-        assert torch.equal(exported[name], tensor), name
+    assert_same_tensors(exported, load_file(family_models["deepseek_v3"] / "model.safetensors"))
     print(f"DeepSeek-V3 TP=2: max |log-prob(Megatron) - log-prob(transformers)| = {diff:.3g}")
     assert diff <= 1e-4
 

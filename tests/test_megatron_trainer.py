@@ -94,6 +94,19 @@ def hf_logprobs(model_dir, data, temperature=1.0):
     return out
 
 
+def hf_logprob_diff(model_dir, data, ours) -> float:
+    """The largest |log-prob| difference between ``ours`` (per sample) and transformers' on ``data``."""
+    theirs = hf_logprobs(model_dir, data)
+    return max((a - b).abs().max().item() for a, b in zip(ours, theirs, strict=True))
+
+
+def assert_same_tensors(ours: dict, expected: dict) -> None:
+    """``ours`` holds exactly the tensors of ``expected``, bit for bit (a converted checkpoint)."""
+    assert sorted(ours) == sorted(expected)
+    for name, tensor in expected.items():
+        assert torch.equal(ours[name], tensor), name
+
+
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
 def test_other_architectures_convert_losslessly_and_match_transformers(ray_cluster, tiny_models, arch):
     from ray.util.placement_group import remove_placement_group

@@ -150,52 +150,23 @@ def test_dense_layers_of_an_moe_model_are_filled_from_config_json(tmp_path, chan
 # ---- end to end on Ray ----------------------------------------------------------------------------
 
 
-def run(moe_model, extra, model_flags=None):
-    """Loaded HF weights, log-probs on every position, one SFT step, and the trained HF weights, on
-    two ranks; the model flags are the tiny Qwen3-MoE script's (``model_flags``: these instead)."""
-    from ray.util.placement_group import remove_placement_group
-    from test_megatron_trainer import make_group, sft_data
-
-    flags = model_args("tiny-qwen3-moe.sh") if model_flags is None else model_flags
-    group, _, pg = make_group(trainer_args(moe_model, world=2, extra=extra, model_flags=flags))
-    try:
-        data = sft_data(6, seed=1)
-        data["response_lengths"] = [len(t) - 1 for t in data["tokens"]]
-        data["loss_masks"] = [[1] * n for n in data["response_lengths"]]
-        loaded = group.hf_state_dict()
-        log_probs = group.compute_log_probs(data)
-        metrics = group.train(sft_data(8))
-        return {
-            "loaded": loaded,
-            "log_probs": log_probs,
-            "metrics": metrics[0],
-            "trained": group.hf_state_dict(),
-        }
-    finally:
-        group.shutdown()
-        remove_placement_group(pg)
-
-
 @pytest.fixture(scope="module")
 def ep1(ray_cluster, moe_model):
-    return run(moe_model, [])
+    from test_parallel_layouts import run_layout
+
+    return run_layout(moe_model, 2, [], model_flags=model_args("tiny-qwen3-moe.sh"))
 
 
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_moe_converts_bit_exact_and_matches_transformers(ep1, moe_model):
-    from test_megatron_trainer import hf_logprobs, sft_data
+    from test_megatron_trainer import assert_same_tensors, hf_logprob_diff
+    from test_parallel_layouts import logprob_data
 
     original = load_file(moe_model / "model.safetensors")
-    assert sorted(ep1["loaded"]) == sorted(original)
     assert any(".mlp.experts.3.down_proj." in name for name in original)
-    for name, tensor in original.items():
-        assert torch.equal(ep1["loaded"][name], tensor), name
-
-    data = sft_data(6, seed=1)
-    data["response_lengths"] = [len(t) - 1 for t in data["tokens"]]
-    theirs = hf_logprobs(moe_model, data)
-    diff = max((a - b).abs().max().item() for a, b in zip(ep1["log_probs"], theirs, strict=True))
+    assert_same_tensors(ep1["loaded"], original)
+    diff = hf_logprob_diff(moe_model, logprob_data(), ep1["log_probs"])
     print(f"max |log-prob(Megatron MoE) - log-prob(transformers)| = {diff:.3g}")
     assert diff <= 1e-4
 
@@ -206,7 +177,7 @@ def tp2_forward(model) -> tuple[dict[str, torch.Tensor], float]:
     (GPU only), so validation refuses TP=2 on the CPU; the forward pass and the weight round trip run
     without it."""
     from ray.util.placement_group import remove_placement_group
-    from test_megatron_trainer import hf_logprobs, make_group, sft_data
+    from test_megatron_trainer import hf_logprob_diff, make_group, sft_data
 
     args = trainer_args(model, world=2, model_flags=[])
     args.tensor_model_parallel_size = args.expert_tensor_parallel_size = 2
@@ -220,8 +191,7 @@ def tp2_forward(model) -> tuple[dict[str, torch.Tensor], float]:
     finally:
         group.shutdown()
         remove_placement_group(pg)
-    diff = max((a - b).abs().max().item() for a, b in zip(ours, hf_logprobs(model, data), strict=True))
-    return exported, diff
+    return exported, hf_logprob_diff(model, data, ours)
 
 
 @pytest.mark.e2e
@@ -236,11 +206,11 @@ def test_qwen2_moe_with_a_gated_shared_expert_matches_transformers_at_tp2(ray_cl
     args = trainer_args(model, model_flags=[])
     assert (args.moe_shared_expert_intermediate_size, args.moe_shared_expert_gate) == (128, True)
     assert args.moe_router_pre_softmax and args.add_qkv_bias and not args.qk_layernorm
+    from test_megatron_trainer import assert_same_tensors
+
     exported, diff = tp2_forward(model)
     original = load_file(model / "model.safetensors")
-    assert sorted(exported) == sorted(original)
     assert "model.layers.1.mlp.shared_expert_gate.weight" in original
-    for name, tensor in original.items():
-        assert torch.equal(exported[name], tensor), name
+    assert_same_tensors(exported, original)
     print(f"Qwen2-MoE: max |log-prob(Megatron) - log-prob(transformers)| = {diff:.3g}")
     assert diff <= 1e-4

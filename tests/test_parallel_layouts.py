@@ -7,8 +7,7 @@ and the HF weights after them (gathered from TP shards and every PP stage).
 from __future__ import annotations
 
 import pytest
-import torch
-from test_megatron_trainer import make_group, sft_data, trainer_args
+from test_megatron_trainer import assert_same_tensors, make_group, sft_data, trainer_args
 
 pytestmark = pytest.mark.e2e
 
@@ -33,11 +32,13 @@ def record_layout(group):
     return {"loaded": loaded, "log_probs": log_probs, "metrics": metrics, "trained": group.hf_state_dict()}
 
 
-def run_layout(model_dir, world, extra, arch="qwen2"):
-    """``record_layout`` of a fresh trainer group of the tiny ``arch`` in this layout."""
+def run_layout(model_dir, world, extra, arch="qwen2", model_flags=None):
+    """``record_layout`` of a fresh trainer group of the tiny ``arch`` in this layout (``model_flags``:
+    these instead of ``arch``'s; [] takes every model flag from config.json)."""
     from ray.util.placement_group import remove_placement_group
 
-    group, _, pg = make_group(trainer_args(model_dir, arch=arch, world=world, extra=extra))
+    args = trainer_args(model_dir, arch=arch, world=world, extra=extra, model_flags=model_flags)
+    group, _, pg = make_group(args)
     try:
         return record_layout(group)
     finally:
@@ -72,9 +73,7 @@ def differences(ours, ref):
 
 def assert_layout_matches(ours, ref):
     """``ours`` (``record_layout`` of another layout) equals the single-rank ``ref``."""
-    assert sorted(ours["loaded"]) == sorted(ref["loaded"])
-    for name, tensor in ref["loaded"].items():
-        assert torch.equal(ours["loaded"][name], tensor), name
+    assert_same_tensors(ours["loaded"], ref["loaded"])
     assert sorted(ours["trained"]) == sorted(ref["trained"])
     assert len(ours["metrics"]) == len(ref["metrics"]) == 2
     assert [a.shape for a in ours["log_probs"]] == [b.shape for b in ref["log_probs"]]

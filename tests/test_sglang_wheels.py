@@ -281,3 +281,19 @@ def test_health_generate_is_a_get_answering_200_or_503_with_no_body(release: str
     body = text[text.index('@app.get("/health_generate")') :]
     body = body[: body.index("\n@app.")]
     assert "Response(status_code=200)" in body and "Response(status_code=503)" in body
+
+
+@pytest.mark.parametrize("release", RELEASES)
+@pytest.mark.parametrize(("model", "gate"), [("deepseek_v2", "MoEGate"), ("glm4_moe", "Glm4MoeGate")])
+def test_the_expert_score_bias_is_a_gate_parameter_a_push_can_name(
+    release: str, model: str, gate: str
+) -> None:
+    """slime pushes ``model.layers.N.mlp.gate.e_score_correction_bias`` by its HF name (DeepSeek-V3,
+    GLM-4.5), and the torch engine takes it though transformers keeps it as a buffer: SGLang's gate
+    holds it as a parameter, so its ``load_weights`` (``params_dict`` of ``named_parameters``) finds
+    it (``models/deepseek_v2.py``, ``models/glm4_moe.py``)."""
+    text = (source(release) / "models" / f"{model}.py").read_text()
+    body = text[text.index(f"class {gate}(nn.Module):") :]
+    body = body[: body.index("\nclass ")]
+    assert "self.e_score_correction_bias = nn.Parameter(" in body
+    assert f"self.gate = {gate}(" in text

@@ -25,8 +25,8 @@ the peak summed RSS and PSS of its whole process tree (sampled from here every 0
 2 s; ours also reports train.py's own figure), the most processes in that tree, the mean training
 reward of the first and last 5 steps, and the evaluator's scores. ``ratio`` is ours / TRL.
 
-    python bench/peer_trl.py                         # 200 steps, seed 0, builds .venv-peer-trl if missing
-    python bench/peer_trl.py --num-steps 3 --work-dir /tmp/peer_dev --trl-venv /tmp/trlvenv \\
+    .venv/bin/python bench/peer_trl.py               # 200 steps, seed 0, builds .venv-peer-trl if missing
+    .venv/bin/python bench/peer_trl.py --num-steps 3 --work-dir /tmp/peer_dev --trl-venv /tmp/trlvenv \\
         --out /tmp/peer_dev/out.json                 # a smoke run
 
 The TRL venv (``--trl-venv``, default ``.venv-peer-trl``) is made when its python is missing:
@@ -46,6 +46,9 @@ Differences between the two setups that remain
   cores / processes per node: 1 thread each for the engine and the trainer on 2 cores, so generation
   and training each use one core); TRL's process uses torch's default thread count (all cores, in
   the result as ``torch_threads``).
+- Models. slime trains Megatron-core's GPT model (the HF weights converted, sequences packed) and
+  samples with the transformers model inside its engine; TRL trains and samples with the same
+  transformers Qwen2 model (SDPA attention). Both fp32, so only kernel-level numerics differ.
 - Work per step. slime recomputes the old log-probs with an extra no-grad forward over the batch
   before the optimizer step (no ``--use-rollout-logprobs``); TRL with ``num_iterations=1`` and one
   optimizer step per generation batch uses the current log-probs detached (ratio exactly 1). The
@@ -344,6 +347,8 @@ def run_trl(work: Path, sft: Path, opts: argparse.Namespace, trl_python: Path) -
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = run_logged(command, work / "logs/trl.log", env)
     result = json.loads(result_file.read_text())
+    if result["versions"]["trl"] != TRL_VERSION:
+        print(f"warning: {trl_python} has trl {result['versions']['trl']}, not {TRL_VERSION}", flush=True)
     steps, generation = result["step_times_s"], result["generation_times_s"]
     rewards = result["rewards"]
     if len(steps) != opts.num_steps or len(rewards) != opts.num_steps:

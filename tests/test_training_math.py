@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slime.algorithms.aggregation import loss_weights, weighted_token_sum
+from slime.algorithms.aggregation import FlatTokens, loss_weights, weighted_token_sum
 from slime.algorithms.losses import sft_loss
 from slime.backends.megatron.batching import consecutive_groups, make_micro_batches
 from slime.backends.megatron.conversion import get_converter
@@ -37,7 +37,11 @@ def test_weighted_token_sum_and_sft_loss_by_hand():
     masks = [torch.tensor([1.0, 1.0, 0.0]), torch.tensor([1.0])]
     # token mean over the 3 unmasked tokens: (1 + 2 + 4) / 3
     assert weighted_token_sum(values, masks, [1 / 3, 1 / 3]).item() == pytest.approx(-7 / 3)
-    assert sft_loss(values, masks, [1 / 3, 1 / 3]).item() == pytest.approx(7 / 3)
+    tokens = FlatTokens.of(masks, [1 / 3, 1 / 3])
+    assert tokens.sample.tolist() == [0, 0, 0, 1] and tokens.weight.tolist() == pytest.approx([1 / 3] * 4)
+    assert tokens.aggregate(torch.cat(values)).item() == pytest.approx(-7 / 3)
+    assert sft_loss(torch.cat(values), tokens).item() == pytest.approx(7 / 3)
+    assert tokens.sums(torch.cat(values)).tolist() == [-6.0, -4.0]
 
 
 def rollout(n):

@@ -7,18 +7,14 @@ KL(old ‖ current) (``ppo_kl``; 0 on the first step of on-policy training).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
-from slime.algorithms.aggregation import weighted_token_sum
+from slime.algorithms.aggregation import FlatTokens, sample_mean
 
 
-def sft_loss(
-    log_probs: Sequence[torch.Tensor], loss_masks: Sequence[torch.Tensor], weights: Sequence[float]
-) -> torch.Tensor:
-    """Negative log-likelihood of the unmasked response tokens, aggregated by ``weights``."""
-    return -weighted_token_sum(log_probs, loss_masks, weights)
+def sft_loss(log_probs: torch.Tensor, tokens: FlatTokens) -> torch.Tensor:
+    """Negative log-likelihood of the unmasked response tokens (flat over ``tokens``), aggregated."""
+    return -tokens.aggregate(log_probs)
 
 
 def clipped_surrogate(
@@ -68,16 +64,17 @@ def gspo_loss(
     eps_clip: float,
     eps_clip_high: float,
     eps_clip_c: float | None = None,
+    tokens: FlatTokens | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """GSPO (Zheng et al. 2025): PPO's clipped surrogate on the sequence-level ratio of one sample.
+    """GSPO (Zheng et al. 2025): PPO's clipped surrogate on the sequence-level ratio of each sample
+    (of one sample's tokens, or of the flat ``tokens`` of several).
 
     ``s = exp(mean_t log(π_t/π_old,t))`` over the unmasked response tokens; every token carries
     ``s_t = sg(s) · π_t / sg(π_t)`` (GSPO-token), whose value is ``s`` and whose gradient is
     ``s · ∇log π_t``. All tokens of a sample are clipped together.
     """
     log_ratio = log_probs - old_log_probs
-    count = loss_mask.sum().clamp(min=1.0)
-    seq_log_ratio = (log_ratio * loss_mask).sum() / count
+    seq_log_ratio = sample_mean(log_ratio, loss_mask, tokens)
     token_log_ratio = seq_log_ratio.detach() + log_probs - log_probs.detach()
     loss, clipped = clipped_surrogate(token_log_ratio.exp(), advantages, eps_clip, eps_clip_high, eps_clip_c)
     return loss, clipped, (-seq_log_ratio.detach()).expand_as(log_probs)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from slime.algorithms.aggregation import FlatTokens, sample_mean, sample_sum
 from slime.algorithms.kl import kl_estimate
 from slime.algorithms.losses import truncated_is_weights
 
@@ -24,8 +25,10 @@ def masked_is_weights(
     level: str,
     low: float,
     high: float,
+    tokens: FlatTokens | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """MIS weights of one response (no gradient) and 1.0 where a token is kept.
+    """MIS weights of one response (or of the flat ``tokens`` of several) (no gradient) and 1.0 where
+    a token is kept.
 
     ``token``: each token's ratio ``π_old/π_rollout``; ``sequence``: the product of the unmasked tokens'
     ratios (``exp Σ_t m_t log r_t``), shared by every token; ``geometric``: their geometric mean
@@ -37,11 +40,10 @@ def masked_is_weights(
     mask = loss_mask.float()
     if level == "token":
         level_log_ratio = log_ratio
-    elif level in ("sequence", "geometric"):
-        total = (log_ratio * mask).sum()
-        if level == "geometric":
-            total = total / mask.sum().clamp(min=1.0)
-        level_log_ratio = total.expand_as(log_ratio)
+    elif level == "sequence":
+        level_log_ratio = sample_sum(log_ratio, mask, tokens).expand_as(log_ratio)
+    elif level == "geometric":
+        level_log_ratio = sample_mean(log_ratio, mask, tokens).expand_as(log_ratio)
     else:
         raise ValueError(f"unknown MIS level {level!r}; choose one of {MIS_LEVELS}")
     ratio = level_log_ratio.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP).exp()

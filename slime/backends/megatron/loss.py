@@ -22,11 +22,13 @@ way (so that summing over micro-batches and data-parallel ranks gives global val
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Callable
 
 import torch
 
-from slime.algorithms.aggregation import weighted_token_sum
+from slime.algorithms.advantages import TOKEN_LEVEL_ESTIMATORS
+from slime.algorithms.aggregation import FlatTokens, weighted_token_sum
 from slime.algorithms.kl import kl_estimate
 from slime.algorithms.losses import (
     cispo_loss,
@@ -47,6 +49,30 @@ def needs_reference(args: argparse.Namespace) -> bool:
     return args.loss_type != "value_loss" and (args.use_kl_loss or args.kl_coef != 0.0)
 
 
+def old_log_probs_are_current(args: argparse.Namespace) -> bool:
+    """Whether the old policy's log-probs are exactly the training forward's, detached, so the separate
+    old-logprob forward can be skipped (as TRL does with one iteration).
+
+    That holds when the weights the old pass would run with are the ones the (only) optimizer step of
+    the rollout trains from and the two forwards compute the same function: one step per rollout, no
+    dropout (the old pass runs in eval mode), and nothing else needs the old log-probs before the
+    loss: a KL reference (kept in the same pass), token-level estimators and KL-shaped rewards (they
+    build advantages from them), a custom loss (it may read them), or the engine's log-probs standing
+    in for them (``--use-rollout-logprobs``). ``--force-old-logprob-pass`` keeps the pass.
+    """
+    return (
+        not args.force_old_logprob_pass
+        and args.loss_type == "policy_loss"
+        and not args.use_rollout_logprobs
+        and args.num_steps_per_rollout == 1
+        and args.hidden_dropout == 0.0
+        and args.attention_dropout == 0.0
+        and not needs_reference(args)
+        and args.custom_advantage_function_path is None
+        and args.advantage_estimator not in TOKEN_LEVEL_ESTIMATORS
+    )
+
+
 def with_entropy_bonus(
     loss: torch.Tensor,
     metrics: dict,
@@ -59,42 +85,54 @@ def with_entropy_bonus(
     (an exploration bonus; ``coef`` 0 only logs). Every loss function shares this one definition."""
     if entropy is None:
         return loss
-    entropy_mean = weighted_token_sum(entropy, masks, weights)
+    return _entropy_bonus(loss, metrics, weighted_token_sum(entropy, masks, weights), coef)
+
+
+def _entropy_bonus(
+    loss: torch.Tensor, metrics: dict, entropy_mean: torch.Tensor, coef: float
+) -> torch.Tensor:
     metrics["entropy"] = entropy_mean.detach()
     return loss - coef * entropy_mean if coef else loss
 
 
 def sft_loss_fn(batch: MicroBatch, log_probs: list[torch.Tensor], entropy: list[torch.Tensor] | None):
-    device = log_probs[0].device
-    masks = batch.per_sample("loss_masks", device)
-    weights = batch.samples["loss_weights"]
+    tokens = FlatTokens.of(batch.per_sample("loss_masks", log_probs[0].device), batch.samples["loss_weights"])
     metrics: dict = {}
-    loss = with_entropy_bonus(sft_loss(log_probs, masks, weights), metrics, entropy, masks, weights, 0.0)
+    loss = sft_loss(torch.cat(log_probs), tokens)
+    if entropy is not None:
+        loss = _entropy_bonus(loss, metrics, tokens.aggregate(torch.cat(entropy)), 0.0)
     return loss, metrics
 
 
 def policy_token_losses(args: argparse.Namespace) -> Callable[..., tuple]:
-    """The per-sample policy loss of ``--advantage-estimator``: ``(log_probs, old, advantages, mask)``
-    to ``(loss, clipped, approx_kl)`` per token (``slime.algorithms.losses``)."""
+    """The policy loss of ``--advantage-estimator`` over the flat tokens of a micro-batch:
+    ``(log_probs, old, advantages, tokens)`` to ``(loss, clipped, approx_kl)`` per token
+    (``slime.algorithms.losses``)."""
     low, high, dual = args.eps_clip, args.eps_clip_high, args.eps_clip_c
     if args.advantage_estimator == "gspo":
-        return lambda lp, old, adv, mask: gspo_loss(lp, old, adv, mask, low, high, dual)
+        return lambda lp, old, adv, tokens: gspo_loss(lp, old, adv, tokens.mask, low, high, dual, tokens)
     if args.advantage_estimator == "cispo":
-        return lambda lp, old, adv, mask: cispo_loss(lp, old, adv, low, high)
-    return lambda lp, old, adv, mask: ppo_clip_loss(lp, old, adv, low, high, dual)
+        return lambda lp, old, adv, tokens: cispo_loss(lp, old, adv, low, high)
+    return lambda lp, old, adv, tokens: ppo_clip_loss(lp, old, adv, low, high, dual)
+
+
+def flat_samples(batch: MicroBatch, key: str, device: torch.device) -> torch.Tensor:
+    """A per-sample key of the micro-batch as one flat per-token tensor (float32)."""
+    return torch.cat(batch.per_sample(key, device))
 
 
 def rollout_log_probs_of(
     batch: MicroBatch, device: torch.device
-) -> tuple[list[torch.Tensor] | None, list[torch.Tensor] | None]:
-    """The engine's log-probs per sample and 1.0 where they are known (None, None when the rollout has
-    none). A train-data dump from before ``rollout_log_prob_masks`` existed counts as all known."""
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The engine's log-probs (flat, per token) and 1.0 where they are known (None, None when the
+    rollout has none). A train-data dump from before ``rollout_log_prob_masks`` existed counts as all
+    known."""
     if "rollout_log_probs" not in batch.samples:
         return None, None
-    rollout = batch.per_sample("rollout_log_probs", device)
+    rollout = flat_samples(batch, "rollout_log_probs", device)
     if "rollout_log_prob_masks" not in batch.samples:
-        return rollout, [torch.ones_like(r) for r in rollout]
-    return rollout, batch.per_sample("rollout_log_prob_masks", device)
+        return rollout, torch.ones_like(rollout)
+    return rollout, flat_samples(batch, "rollout_log_prob_masks", device)
 
 
 def only_known(
@@ -110,67 +148,57 @@ def only_known(
 def make_policy_loss_fn(args: argparse.Namespace) -> LossFn:
     """Clipped policy loss (PPO / dual-clip PPO, GSPO or CISPO by ``--advantage-estimator``) with optional
     truncated or masked importance sampling, KL-to-reference and entropy terms. Needs per-sample
-    ``advantages`` and ``old_log_probs``; ``ref_log_probs`` with ``--use-kl-loss``; ``rollout_log_probs``
-    (the engine's) with ``--use-tis`` / ``--use-mis``, and otherwise only for the mismatch metrics."""
+    ``advantages`` and ``old_log_probs`` (unless ``old_log_probs_are_current``); ``ref_log_probs``
+    with ``--use-kl-loss``; ``rollout_log_probs`` (the engine's) with ``--use-tis`` / ``--use-mis``,
+    and otherwise only for the mismatch metrics. Computed over the micro-batch's tokens as one flat
+    vector (``FlatTokens``)."""
     token_losses = policy_token_losses(args)
+    old_is_current = old_log_probs_are_current(args)
 
     def policy_loss_fn(batch: MicroBatch, log_probs: list[torch.Tensor], entropy: list[torch.Tensor] | None):
         device = log_probs[0].device
-        masks = batch.per_sample("loss_masks", device)
-        weights = batch.samples["loss_weights"]
-        advantages = batch.per_sample("advantages", device)
-        old = batch.per_sample("old_log_probs", device)
-        parts = [
-            token_losses(lp, o, a, m) for lp, o, a, m in zip(log_probs, old, advantages, masks, strict=True)
-        ]
-        token_loss = [p[0] for p in parts]
+        tokens = FlatTokens.of(batch.per_sample("loss_masks", device), batch.samples["loss_weights"])
+        current = torch.cat(log_probs)
+        advantages = flat_samples(batch, "advantages", device)
+        old = current.detach() if old_is_current else flat_samples(batch, "old_log_probs", device)
+        token_loss, clipped, approx_kl = token_losses(current, old, advantages, tokens)
         metrics = {}
         rollout, known = rollout_log_probs_of(batch, device)
         if (args.use_tis or args.use_mis) and rollout is None:
             flag = "--use-tis" if args.use_tis else "--use-mis"
             raise KeyError(f"{flag} needs the engine's rollout_log_probs in the train data")
         if args.use_tis:
-            tis = [
-                only_known(truncated_is_weights(o, r, args.tis_clip_low, args.tis_clip), k, 0.0)
-                for o, r, k in zip(old, rollout, known, strict=True)
-            ]
-            token_loss = [loss * w for loss, (w, _) in zip(token_loss, tis, strict=True)]
-            metrics["tis"] = weighted_token_sum([w for w, _ in tis], masks, weights)
-            metrics["tis_clipfrac"] = weighted_token_sum([c for _, c in tis], masks, weights)
+            tis, tis_clipped = only_known(
+                truncated_is_weights(old, rollout, args.tis_clip_low, args.tis_clip), known, 0.0
+            )
+            token_loss = token_loss * tis
+            metrics["tis"] = tokens.aggregate(tis)
+            metrics["tis_clipfrac"] = tokens.aggregate(tis_clipped)
         if args.use_mis:
-            mis = [
-                only_known(
-                    masked_is_weights(o, r, m, args.mis_level, args.mis_lower_bound, args.mis_upper_bound),
-                    k,
-                    1.0,
-                )
-                for o, r, m, k in zip(old, rollout, masks, known, strict=True)
-            ]
-            token_loss = [loss * w for loss, (w, _) in zip(token_loss, mis, strict=True)]
-            metrics["mis"] = weighted_token_sum([w for w, _ in mis], masks, weights)
-            metrics["mis_masked_frac"] = weighted_token_sum([1.0 - k for _, k in mis], masks, weights)
-        pg_loss = weighted_token_sum(token_loss, masks, weights)
+            bounds = (args.mis_level, args.mis_lower_bound, args.mis_upper_bound)
+            mis, kept = only_known(masked_is_weights(old, rollout, tokens.mask, *bounds, tokens), known, 1.0)
+            token_loss = token_loss * mis
+            metrics["mis"] = tokens.aggregate(mis)
+            metrics["mis_masked_frac"] = tokens.aggregate(1.0 - kept)
+        pg_loss = tokens.aggregate(token_loss)
         metrics.update(
             pg_loss=pg_loss.detach(),
-            pg_clipfrac=weighted_token_sum([p[1] for p in parts], masks, weights),
-            ppo_kl=weighted_token_sum([p[2] for p in parts], masks, weights),
+            pg_clipfrac=tokens.aggregate(clipped),
+            ppo_kl=tokens.aggregate(approx_kl),
         )
-        loss = with_entropy_bonus(pg_loss, metrics, entropy, masks, weights, args.entropy_coef)
+        loss = pg_loss
+        if entropy is not None:
+            loss = _entropy_bonus(loss, metrics, tokens.aggregate(torch.cat(entropy)), args.entropy_coef)
         if args.use_kl_loss:
-            ref = batch.per_sample("ref_log_probs", device)
-            kl = [kl_estimate(lp, r, args.kl_loss_type) for lp, r in zip(log_probs, ref, strict=True)]
-            kl_loss = weighted_token_sum(kl, masks, weights)
+            ref = flat_samples(batch, "ref_log_probs", device)
+            kl_loss = tokens.aggregate(kl_estimate(current, ref, args.kl_loss_type))
             metrics["kl_loss"] = kl_loss.detach()
             loss = loss + args.kl_loss_coef * kl_loss
         if rollout is not None:
-            scored = [m * k for m, k in zip(masks, known, strict=True)]
-            metrics[ROLLOUT_LOGPROB_COVERAGE] = weighted_token_sum(known, masks, weights)
-            per_token = [
-                mismatch_token_metrics(lp, r, args.tis_clip_low, args.tis_clip)
-                for lp, r in zip(log_probs, rollout, strict=True)
-            ]
-            for key in per_token[0] if per_token else ():
-                metrics[key] = weighted_token_sum([t[key] for t in per_token], scored, weights)
+            metrics[ROLLOUT_LOGPROB_COVERAGE] = tokens.aggregate(known)
+            scored = dataclasses.replace(tokens, mask=tokens.mask * known)
+            per_token = mismatch_token_metrics(current, rollout, args.tis_clip_low, args.tis_clip)
+            metrics.update({key: scored.aggregate(value) for key, value in per_token.items()})
         return loss, metrics
 
     return policy_loss_fn

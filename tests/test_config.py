@@ -364,6 +364,9 @@ def test_lr_not_required_for_rollout_only(hf: str) -> None:
         (["--overlap-param-gather"], "--overlap-param-gather", "--use-distributed-optimizer"),
         (["--recompute-granularity", "full"], "--recompute-method", "--recompute-num-layers"),
         (["--lr-warmup-iters", "5", "--lr-warmup-fraction", "0.1"], "--lr-warmup-fraction", "keep one"),
+        # megatron-core's scheduler asserted (a bare AssertionError in the trainer) on this before.
+        (["--lr-warmup-iters", "3"], "--lr-warmup-iters", "not below the schedule's 3 optimizer steps"),
+        (["--lr-warmup-iters", "9", "--lr-decay-iters", "9"], "--lr-warmup-iters", "(--lr-decay-iters)"),
         (["--expert-model-parallel-size", "2"], "--expert-model-parallel-size", "--num-experts"),
         # With the engines' log-probs as the old policy every IS weight is 1: a silent no-op before.
         (["--use-tis", "--use-rollout-logprobs"], "--use-tis", "--use-rollout-logprobs"),

@@ -528,6 +528,15 @@ def _check_training_options(args: argparse.Namespace) -> None:
         )
     if args.lr_warmup_fraction is not None and args.lr_warmup_iters:
         raise ConfigError("--lr-warmup-fraction", "cannot be combined with --lr-warmup-iters; keep one")
+    steps = args.lr_decay_iters or (args.num_rollout or 0) * args.num_steps_per_rollout
+    if args.lr_warmup_iters and steps and args.lr_warmup_iters >= steps:
+        # megatron-core's scheduler asserts warm-up < decay steps, which the run's steps are by default.
+        where = "--lr-decay-iters" if args.lr_decay_iters else "--num-rollout × --num-steps-per-rollout"
+        raise ConfigError(
+            "--lr-warmup-iters",
+            f"{args.lr_warmup_iters} is not below the schedule's {steps} optimizer steps ({where}); "
+            "lower it or train for more steps",
+        )
     if args.save_interval is not None and args.save is None:
         raise ConfigError("--save-interval", "given without --save; add --save DIR")
     if args.auto_resume and (args.save is None or args.save_interval is None):

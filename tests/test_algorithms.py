@@ -18,6 +18,7 @@ from slime.algorithms.advantages import (
     reinforce_plus_plus_advantages,
     reinforce_plus_plus_returns,
 )
+from slime.algorithms.aggregation import weighted_token_sum
 from slime.algorithms.kl import kl_estimate
 from slime.algorithms.losses import (
     cispo_loss,
@@ -28,7 +29,7 @@ from slime.algorithms.losses import (
 )
 from slime.algorithms.mismatch import masked_is_weights, mismatch_token_metrics, per_scored_token
 from slime.backends.megatron.batching import MicroBatch
-from slime.backends.megatron.loss import make_policy_loss_fn, make_value_loss_fn
+from slime.backends.megatron.loss import make_policy_loss_fn, make_value_loss_fn, old_log_probs_are_current
 from slime.cli import check_implemented
 from slime.config.validate import ConfigError, _check_critic, _check_off_policy_corrections
 
@@ -257,6 +258,7 @@ def _policy_args(**overrides) -> argparse.Namespace:
         mis_upper_bound=2.0,
         entropy_coef=0.0,
         use_kl_loss=False,
+        force_old_logprob_pass=True,  # these batches carry their own old log-probs
     )
     return argparse.Namespace(**{**defaults, **overrides})
 
@@ -545,3 +547,128 @@ def test_groups_are_the_rollouts_not_blocks_of_n_samples_per_prompt():
     assert [a.item() for a in grpo] == pytest.approx(expected, rel=1e-5)
     rloo = outcome_advantages(rewards, [1] * 6, [0, 0, 0, 0, 1, 1], "rloo")
     assert [a.item() for a in rloo] == pytest.approx([2 / 3, 2 / 3, -2 / 3, -2 / 3, 1.0, -1.0])
+
+
+def _per_sample_reference(args, batch, log_probs):
+    """The policy loss and its metrics sample by sample, with the pure per-sample functions and
+    ``weighted_token_sum``: what the flat micro-batch computation must equal."""
+    masks = batch.per_sample("loss_masks", torch.device("cpu"))
+    weights = batch.samples["loss_weights"]
+    old = batch.per_sample("old_log_probs", torch.device("cpu"))
+    advantages = batch.per_sample("advantages", torch.device("cpu"))
+    rollout = batch.per_sample("rollout_log_probs", torch.device("cpu"))
+    low, high = args.eps_clip, args.eps_clip_high
+    losses, clipped = [], []
+    for lp, o, a, m, r in zip(log_probs, old, advantages, masks, rollout, strict=True):
+        if args.advantage_estimator == "gspo":
+            loss, clip, _ = gspo_loss(lp, o, a, m, low, high)
+        else:
+            loss, clip, _ = ppo_clip_loss(lp, o, a, low, high)
+        if args.use_tis:
+            loss = loss * truncated_is_weights(o, r, args.tis_clip_low, args.tis_clip)[0]
+        if args.use_mis:
+            bounds = (args.mis_level, args.mis_lower_bound, args.mis_upper_bound)
+            loss = loss * masked_is_weights(o, r, m, *bounds)[0]
+        losses.append(loss)
+        clipped.append(clip)
+    ref = batch.per_sample("ref_log_probs", torch.device("cpu"))
+    kl = [kl_estimate(lp, r, args.kl_loss_type) for lp, r in zip(log_probs, ref, strict=True)]
+    total = weighted_token_sum(losses, masks, weights) + args.kl_loss_coef * weighted_token_sum(
+        kl, masks, weights
+    )
+    return total, weighted_token_sum(clipped, masks, weights)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(),
+        dict(advantage_estimator="gspo"),
+        dict(use_tis=True),
+        dict(use_mis=True, mis_level="sequence", mis_lower_bound=0.1, mis_upper_bound=10.0),
+        dict(use_mis=True, mis_level="geometric", mis_lower_bound=0.5, mis_upper_bound=1.5),
+    ],
+)
+def test_the_flat_micro_batch_loss_equals_the_per_sample_one_in_value_and_gradient(overrides):
+    gen = torch.Generator().manual_seed(0)
+    lengths = [3, 1, 5, 2]
+    batch = _micro_batch(
+        loss_masks=[[1, 0, 1], [1], [1, 1, 1, 0, 1], [0, 0]],
+        advantages=[[a] * n for a, n in zip([1.0, -0.5, 2.0, 0.3], lengths, strict=True)],
+        old_log_probs=[(-torch.rand(n, generator=gen)).tolist() for n in lengths],
+        rollout_log_probs=[(-torch.rand(n, generator=gen)).tolist() for n in lengths],
+        ref_log_probs=[(-torch.rand(n, generator=gen)).tolist() for n in lengths],
+    )
+    args = _policy_args(use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="low_var_kl", **overrides)
+    leaves = [(-torch.rand(n, generator=gen)).requires_grad_() for n in lengths]
+    flat_loss, metrics = make_policy_loss_fn(args)(batch, leaves, None)
+    flat_grads = torch.autograd.grad(flat_loss, leaves)
+    reference, clipfrac = _per_sample_reference(args, batch, leaves)
+    reference_grads = torch.autograd.grad(reference, leaves)
+    assert flat_loss.item() == pytest.approx(reference.item(), rel=1e-6, abs=1e-7)
+    assert metrics["pg_clipfrac"].item() == pytest.approx(clipfrac.item(), abs=1e-7)
+    for ours, theirs in zip(flat_grads, reference_grads, strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-7)
+
+
+def _skip_args(**overrides) -> argparse.Namespace:
+    defaults = dict(
+        force_old_logprob_pass=False,
+        loss_type="policy_loss",
+        use_rollout_logprobs=False,
+        num_steps_per_rollout=1,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        use_kl_loss=False,
+        kl_coef=0.0,
+        custom_advantage_function_path=None,
+        advantage_estimator="grpo",
+    )
+    return argparse.Namespace(**{**defaults, **overrides})
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(force_old_logprob_pass=True),
+        dict(num_steps_per_rollout=2),
+        dict(use_kl_loss=True),
+        dict(kl_coef=0.05),  # KL-shaped rewards need the old and reference log-probs
+        dict(hidden_dropout=0.1),  # the old pass runs in eval mode, the training forward does not
+        dict(attention_dropout=0.1),
+        dict(advantage_estimator="reinforce_plus_plus"),  # token-level advantages from them
+        dict(advantage_estimator="ppo"),
+        dict(loss_type="custom_loss"),  # a custom loss may read them
+        dict(custom_advantage_function_path="m.f"),
+        dict(use_rollout_logprobs=True),  # the engine's log-probs are the old policy's
+    ],
+)
+def test_the_old_logprob_pass_is_kept_wherever_it_can_differ(overrides):
+    assert old_log_probs_are_current(_skip_args())
+    for estimator in ("grpo", "dr_grpo", "rloo", "gspo", "cispo", "reinforce_plus_plus_baseline"):
+        assert old_log_probs_are_current(_skip_args(advantage_estimator=estimator))
+    assert not old_log_probs_are_current(_skip_args(**overrides))
+
+
+def test_a_skipped_old_logprob_pass_gives_ratio_one_and_the_computed_pass_s_loss():
+    """With the old log-probs taken from the training forward itself (detached), the loss and its
+    gradient are those of a separate pass that computed the same values."""
+    batch = _micro_batch(loss_masks=[[1, 1], [1, 0, 1]], advantages=[[1.0, 1.0], [-1.0, -1.0, -1.0]])
+    values = [torch.tensor([-0.5, -1.5]), torch.tensor([-0.2, -0.9, -2.0])]
+    skipped = make_policy_loss_fn(_policy_args(**vars(_skip_args())))
+    computed = make_policy_loss_fn(_policy_args())
+    batch_with_old = _micro_batch(
+        loss_masks=batch.samples["loss_masks"],
+        advantages=batch.samples["advantages"],
+        old_log_probs=[v.tolist() for v in values],
+    )
+    results = []
+    for fn, b in ((skipped, batch), (computed, batch_with_old)):
+        leaves = [v.clone().requires_grad_() for v in values]
+        loss, metrics = fn(b, leaves, None)
+        results.append((loss.item(), metrics["ppo_kl"].item(), torch.autograd.grad(loss, leaves)))
+    (loss_a, kl_a, grads_a), (loss_b, kl_b, grads_b) = results
+    assert kl_a == 0.0 and kl_b == 0.0
+    assert loss_a == pytest.approx(loss_b, abs=1e-7)
+    for a, b in zip(grads_a, grads_b, strict=True):
+        torch.testing.assert_close(a, b)

@@ -232,6 +232,33 @@ def test_grpo_step_zero_is_on_policy(ray_cluster, tiny_models):
         remove_placement_group(pg)
 
 
+def test_skipping_the_old_logprob_pass_trains_exactly_as_computing_it(ray_cluster, tiny_models):
+    """One optimizer step per rollout, no KL, GRPO: the old log-probs are the training forward's own,
+    so the step without the separate pass (the default) and with it (``--force-old-logprob-pass``)
+    give the same loss, gradient norm and updated weights, at ratio 1 (``ppo_kl`` 0)."""
+    from ray.util.placement_group import remove_placement_group
+
+    data = sft_data(8)
+    data["rewards"] = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0]
+    extra = ["--n-samples-per-prompt", "4", "--rollout-batch-size", "2"]
+    results = []
+    for force in ([], ["--force-old-logprob-pass"]):
+        args = trainer_args(tiny_models["qwen2"], extra=[*extra, *force])
+        args.loss_type = "policy_loss"
+        group, _, pg = make_group(args)
+        try:
+            results.append((group.train(data)[0], group.hf_state_dict()))
+        finally:
+            group.shutdown()
+            remove_placement_group(pg)
+    (skipped, weights_skipped), (computed, weights_computed) = results
+    assert skipped["ppo_kl"] == 0.0 and computed["ppo_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert skipped["loss"] == pytest.approx(computed["loss"], rel=1e-5, abs=1e-7)
+    assert skipped["grad_norm"] == pytest.approx(computed["grad_norm"], rel=1e-5) and skipped["grad_norm"] > 0
+    for name, tensor in weights_computed.items():
+        torch.testing.assert_close(weights_skipped[name], tensor, rtol=1e-5, atol=1e-6)
+
+
 def _pin_mmap_threshold(actor) -> int:
     import ctypes
     import os

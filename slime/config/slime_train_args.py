@@ -105,6 +105,13 @@ def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
         help="Use the engine's log-probs as old log-probs instead of recomputing them.",
     )
     g.add_argument(
+        "--force-old-logprob-pass",
+        action="store_true",
+        help="Always run the separate forward for old log-probs. By default it is skipped when it cannot "
+        "differ from the training forward (one optimizer step per rollout, no dropout, no KL reference, "
+        "an outcome-reward estimator, the built-in loss): the detached log-probs of that forward are used.",
+    )
+    g.add_argument(
         "--ref-update-interval",
         type=positive_int,
         default=None,

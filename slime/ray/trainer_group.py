@@ -94,17 +94,20 @@ class TrainerActor:
         """``--num-steps-per-rollout`` optimizer steps over rollout ``rollout_id``; metrics of every step.
 
         ``update_policy`` False (PPO's ``--num-critic-only-steps`` warm-up) prepares the rollout as usual
-        (old/ref log-probs, GAE returns for the critic) but takes no optimizer step."""
+        (old/ref log-probs, GAE returns for the critic) but takes no optimizer step. Every step's
+        metrics carry ``perf/train_log_probs_time``, the seconds that preparation took once per rollout."""
         if self.rank == self.world_size - 1:
             die_once_for_test(rollout_id, data)
         if self.trainer.memory.offloaded:
             raise RuntimeError("the trainer's memory is offloaded (--colocate); onload it before training")
         with self._memory_region("train_state"):  # Adam's state is created at the first step
+            start = time.perf_counter()
             shards = self._step_shards(data)
+            prepared = {"perf/train_log_probs_time": time.perf_counter() - start}
             if not update_policy:
                 lr = self.trainer.optimizer.param_groups[0]["lr"]
-                return [{"lr": lr, "skipped": 1.0} for _ in shards]
-            return [self.trainer.train_step(shard) for shard in shards]
+                return [{"lr": lr, "skipped": 1.0, **prepared} for _ in shards]
+            return [{**self.trainer.train_step(shard), **prepared} for shard in shards]
 
     def _memory_region(self, tag: str):
         """Under --colocate, allocations inside can be offloaded as ``tag`` (torch_memory_saver on GPU)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -43,7 +44,12 @@ from slime.backends.megatron.hf_checkpoint import (
     stream_hf_weights,
 )
 from slime.backends.megatron.logprobs import token_logprobs_and_entropy
-from slime.backends.megatron.loss import LossFn, build_loss_fn, needs_reference
+from slime.backends.megatron.loss import (
+    LossFn,
+    build_loss_fn,
+    needs_reference,
+    old_log_probs_are_current,
+)
 from slime.backends.megatron.model import (
     build_model_chunks,
     build_optimizer,
@@ -129,6 +135,7 @@ class MegatronTrainer:
         self.optimizer, self.scheduler = build_optimizer(args, self.model, total_steps)
         self.memory = TrainerMemory(self.model, self.optimizer)  # --colocate: offloaded between trainings
         self.loss_fn: LossFn = build_loss_fn(args)
+        self.old_is_current = old_log_probs_are_current(args)
         # SFT fits the data's own distribution; RL losses the one the engines sampled from.
         self.temperature = (
             1.0 if args.loss_type == "sft_loss" else training_temperature(args.rollout_temperature)
@@ -281,13 +288,14 @@ class MegatronTrainer:
 
         All are computed before the first optimizer step of the rollout, so step 0 is exactly
         on-policy (ratio 1) and later steps see the rollout policy as "old". With
-        ``--use-rollout-logprobs`` the engine's log-probs are the old policy's (no recomputation).
+        ``--use-rollout-logprobs`` the engine's log-probs are the old policy's (no recomputation); when
+        ``old_log_probs_are_current``, the loss takes them from its own forward and none are added.
         """
         interval = self.args.ref_update_interval
         if interval and self.rollouts_seen and self.rollouts_seen % interval == 0:
             self.ref_weights = self._snapshot()
         self.rollouts_seen += 1
-        for shard in shards:
+        for shard in shards if not self.old_is_current else ():
             if self.args.use_rollout_logprobs:
                 if mpu.is_pipeline_last_stage():
                     shard["old_log_probs"] = [torch.as_tensor(r).float() for r in shard["rollout_log_probs"]]
@@ -308,7 +316,9 @@ class MegatronTrainer:
             self._load_snapshot(current)
 
     def train_step(self, data: TrainData) -> dict[str, float]:
-        """One optimizer step on this rank's share of a global batch; returns global metrics."""
+        """One optimizer step on this rank's share of a global batch; returns global metrics, and this
+        rank's wall-clock seconds of Megatron's forward/backward schedule and of the optimizer step
+        (on a GPU the optimizer's grad-norm read waits for the queued work, so the split is honest)."""
         for chunk in self.model:
             chunk.train()
             chunk.zero_grad_buffer()
@@ -319,12 +329,16 @@ class MegatronTrainer:
             metrics = {"loss": loss.detach().clone(), **{k: v.detach().clone() for k, v in metrics.items()}}
             return loss, metrics
 
+        start = time.perf_counter()
         stored = self._run(data, loss_of, forward_only=False, with_entropy=True, temperature=self.temperature)
+        ran = time.perf_counter()
         updated, grad_norm, _ = self.optimizer.step()
         if updated:
             self.scheduler.step(increment=1)
         self.step += 1
         metrics = per_scored_token(self._reduce_metrics(stored))
+        metrics["perf/train_forward_backward_time"] = ran - start
+        metrics["perf/train_optimizer_time"] = time.perf_counter() - ran
         metrics["grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
         metrics["lr"] = self.optimizer.param_groups[0]["lr"]
         metrics["skipped"] = float(not updated)

@@ -259,8 +259,10 @@ def mean_or_none(values: list[float]) -> float | None:
     return statistics.mean(values) if values else None
 
 
-def run_ours(work: Path, sft: Path, opts: argparse.Namespace, python: str) -> dict[str, Any]:
-    """run.sh's GRPO phase, same flags, without evaluation and Megatron checkpoints."""
+def run_ours(
+    work: Path, sft: Path, opts: argparse.Namespace, python: str, extra: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """run.sh's GRPO phase, same flags (and ``extra``), without evaluation and Megatron checkpoints."""
     tb, final = work / "tb/grpo", work / "ours_final"
     shutil.rmtree(tb, ignore_errors=True)
     shutil.rmtree(final, ignore_errors=True)
@@ -276,7 +278,7 @@ def run_ours(work: Path, sft: Path, opts: argparse.Namespace, python: str) -> di
         "--rollout-skip-special-tokens",
         "--advantage-estimator", "grpo", "--eps-clip", "0.2",
         "--lr", "1e-4", "--lr-warmup-iters", str(LR_WARMUP_STEPS),
-        "--save-hf", str(final), "--tb-dir", str(tb),
+        "--save-hf", str(final), "--tb-dir", str(tb), *extra,
     ]  # fmt: skip
     if opts.num_steps <= LR_WARMUP_STEPS:
         # Megatron's scheduler asserts warm-up < decay steps (default: all steps); with a constant lr the

@@ -117,6 +117,40 @@ def test_packed_row_has_no_padding_between_sequences_and_restarts_positions():
     assert batch.indices == [1, 2, 4] and batch.samples["tokens"][2] == data["tokens"][4]
 
 
+class _OneRankGroup:
+    def size(self) -> int:
+        return 1
+
+    def rank(self) -> int:
+        return 0
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_batched_thd_rope_equals_megatron_s_per_sequence_one(interleaved):
+    """``use_batched_thd_rope``: one gather of every token's position gives exactly the frequencies
+    megatron-core's baseline slices sequence by sequence (positions restart in each sequence), for
+    a packed row with a trailing pad segment, forward and backward."""
+    from megatron.core.models.common.embeddings import rope_utils
+
+    from slime.backends.megatron.packed_attention import use_batched_thd_rope
+
+    use_batched_thd_rope()
+    batched = rope_utils._apply_rotary_pos_emb_thd
+    reference = batched.baseline
+    gen = torch.Generator().manual_seed(0)
+    cu_seqlens = torch.tensor([0, 5, 6, 13, 16], dtype=torch.int32)  # the last: padding
+    freqs = torch.rand(20, 1, 1, 8, generator=gen) * 3
+    t = torch.randn(16, 2, 8, generator=gen)
+    outputs = []
+    for fn in (batched, reference):
+        leaf = t.clone().requires_grad_()
+        out = fn(leaf, cu_seqlens, freqs, rotary_interleaved=interleaved, cp_group=_OneRankGroup())
+        out.square().sum().backward()
+        outputs.append((out.detach(), leaf.grad))
+    torch.testing.assert_close(outputs[0][0], outputs[1][0], rtol=0, atol=0)
+    torch.testing.assert_close(outputs[0][1], outputs[1][1], rtol=0, atol=0)
+
+
 def test_interleaved_schedule_gets_a_multiple_of_the_pipeline_size():
     assert [interleaved_count(c, 8, 2) for c in (1, 2, 3, 4)] == [2, 2, 4, 4]
     assert interleaved_count(3, 3, 2) == 2  # no sample for a fourth: round down

@@ -26,7 +26,7 @@ from slime.backends.megatron.config import (
     optimizer_config_from_args,
     padded_vocab_size,
 )
-from slime.backends.megatron.packed_attention import PackedDotProductAttention
+from slime.backends.megatron.packed_attention import PackedDotProductAttention, use_batched_thd_rope
 from slime.backends.megatron.post_norm_layer import with_post_norms
 
 if not moe_utils.HAVE_TE:
@@ -61,10 +61,12 @@ def _layer_spec(args: argparse.Namespace, config: TransformerConfig, vp_stage: i
 
 
 def _adapt(spec, args: argparse.Namespace, te: bool):
-    """Packed (THD) micro-batches: the local attention learns them as a block-diagonal mask. GLM-4's
+    """Packed (THD) micro-batches: the local attention learns them as one right-padded batch (and
+    RoPE is applied to them with one gather, ``use_batched_thd_rope``). GLM-4's
     norms of the attention and MLP outputs (``--post-self-attn-layernorm``, ``--post-mlp-layernorm``)."""
     if not te:
         spec.submodules.self_attention.submodules.core_attention = PackedDotProductAttention
+        use_batched_thd_rope()
     if args.post_self_attn_layernorm or args.post_mlp_layernorm:
         spec = with_post_norms(
             spec, te, args.normalization, args.post_self_attn_layernorm, args.post_mlp_layernorm

@@ -7,7 +7,8 @@ the reply (``slime.rollout.generate_utils``). The response is never re-tokenized
 text -> ids does not round-trip and the trainer must score exactly the tokens the engine sampled.
 
 A group is scored as soon as its last sample is back, so rewards overlap with generation. All requests
-share one aiohttp session; at most ``--sglang-server-concurrency`` samples per engine are in flight.
+share one aiohttp session, kept across rollouts (keep-alive connections); at most
+``--sglang-server-concurrency`` samples per engine are in flight.
 
 Rollout control:
 
@@ -36,7 +37,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import aiohttp
 from tqdm import tqdm
 
 from slime.config.eval_config import EvalSetSettings
@@ -61,6 +61,7 @@ from slime.rollout.generate_utils import (
 from slime.rollout.output import RolloutOutput
 from slime.rollout.rewards import RewardChoice, score_groups
 from slime.rollout.sample import Sample
+from slime.utils.http import client_session, run_on_thread_loop
 from slime.utils.plugins import load_function
 
 GenerateFn = Callable[[argparse.Namespace, Sample, dict[str, Any]], Awaitable[Sample | list[Sample]]]
@@ -117,6 +118,22 @@ async def default_generate(args: argparse.Namespace, sample: Sample, params: dic
     return sample
 
 
+_context_lengths: dict[tuple[str, ...], int] = {}
+
+
+def engines_context_length(router_url: str) -> int | None:
+    """The context length of the engines behind ``router_url`` (``engine_control.context_length``),
+    asked once per set of engines: each rollout's first requests waited on that lookup, and an engine
+    keeps its context length for life (a restarted one has a new URL or the same flags)."""
+    urls = tuple(sorted(engine_control.engine_urls(router_url)))
+    if urls not in _context_lengths:
+        length = engine_control.context_length(list(urls))
+        if length is None:
+            return None
+        _context_lengths[urls] = length
+    return _context_lengths[urls]
+
+
 class RolloutClient:
     """The per-rollout HTTP state: one session, one concurrency bound, one abort signal, and the reward
     function its groups are scored with (an evaluation set's own, or the reward flags')."""
@@ -130,20 +147,20 @@ class RolloutClient:
         self.semaphore = asyncio.Semaphore(concurrency)
         self.plugin = args.custom_generate_function_path
         self.generate: GenerateFn = load_function(self.plugin) if self.plugin else default_generate
-        # No total timeout: a long generation is not an error; a dead engine is the router's to report.
+        # The loop's shared session (keep-alive connections across rollouts); a dead engine is the
+        # router's to report.
+        session, self._shared_session = client_session(concurrency)
         self.context = RolloutContext(
-            aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=concurrency),
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
-            ),
-            context_length_lookup=lambda: engine_control.context_length(engine_control.engine_urls(url)),
+            session,
+            context_length_lookup=lambda: engines_context_length(url),
         )
         if args.use_fault_tolerance:  # a request a dead engine dropped goes to another one
             self.context.retries = args.rollout_request_retries
             self.context.retry_wait_s = args.rollout_health_check_interval
 
     async def close(self) -> None:
-        await self.context.session.close()
+        if not self._shared_session:
+            await self.context.session.close()
 
     async def generate_group(
         self, group: list[Sample], params: dict[str, Any], progress: tqdm
@@ -390,7 +407,7 @@ def generate_rollout(
     under ``evaluation`` the scores of the evaluation sets ``data_source`` lists."""
     if evaluation:
         return eval_rollout(args, rollout_id, data_source)
-    return asyncio.run(sample_rollout(args, rollout_id, data_source))
+    return run_on_thread_loop(sample_rollout(args, rollout_id, data_source))
 
 
 def _eval_copy(prompt: Sample, group_index: int, index: int) -> Sample:
@@ -414,7 +431,7 @@ def eval_rollout(args: argparse.Namespace, rollout_id: int, eval_sets: list[Eval
             for i, prompt in enumerate(eval_set.prompts)
         ]
         desc = f"eval {name} @ rollout {rollout_id}"
-        done = asyncio.run(generate_groups(args, groups, router_url(args), desc, eval_set.settings))
+        done = run_on_thread_loop(generate_groups(args, groups, router_url(args), desc, eval_set.settings))
         unscored = [sample for group in done for sample in group if not sample.finished]
         if unscored:
             raise RolloutError(

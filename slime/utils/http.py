@@ -4,11 +4,13 @@ Engines and the router are separate server processes that slime starts and must 
 ``ServerProcess`` is the one place that knows how to start such a process (own process group, log
 file, killed with its parent), wait until it answers, tell why it did not (the tail of its log), and
 stop it. The JSON helpers are synchronous (standard library, for control calls from actors); the
-rollout's hot path uses one shared ``aiohttp`` session per rollout (``post_json``).
+rollout's hot path uses ``aiohttp`` sessions that outlive a rollout (``run_on_thread_loop``,
+``client_session``, ``post_json``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import json
@@ -18,11 +20,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +123,39 @@ def is_ok(url: str, timeout: float = 5.0) -> bool:
     except (OSError, HttpError, TimeoutError):
         return False
     return True
+
+
+_thread_loops = threading.local()
+
+
+def run_on_thread_loop(coroutine: Coroutine[Any, Any, Any]) -> Any:
+    """``asyncio.run`` on one event loop kept per thread, so that the sessions of ``client_session``
+    (their keep-alive connections) serve the next rollout too: a fresh session per rollout opened a
+    TCP connection per request, a third of the rollout manager's time on the quickstart
+    (``bench/step_profile.py``)."""
+    runner = getattr(_thread_loops, "runner", None)
+    if runner is None:
+        runner = _thread_loops.runner = asyncio.Runner()
+        _thread_loops.sessions = {}
+    return runner.run(coroutine)
+
+
+def client_session(limit: int) -> tuple[aiohttp.ClientSession, bool]:
+    """A client session with at most ``limit`` connections and whether it is shared: on the loop of
+    ``run_on_thread_loop`` the loop's own (never closed by its users; aiohttp closes connections idle
+    for 15 s, so a slow step pays reconnects and a fast one none), elsewhere a new one the caller
+    closes. No total timeout: a long generation is not an error."""
+    runner = getattr(_thread_loops, "runner", None)
+    shared = runner is not None and asyncio.get_running_loop() is runner.get_loop()
+    session = _thread_loops.sessions.get(limit) if shared else None
+    if session is None or session.closed:
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=limit),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
+        )
+        if shared:
+            _thread_loops.sessions[limit] = session
+    return session, shared
 
 
 async def post_json(session: aiohttp.ClientSession, url: str, payload: dict[str, Any]) -> Any:

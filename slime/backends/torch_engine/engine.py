@@ -27,7 +27,9 @@ from slime.backends.torch_engine.update_groups import WeightUpdateGroups
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_RUNNING_REQUESTS = 64
+# SGLang sizes this from free GPU memory (thousands for a small model); the slot KV cache here grows
+# on demand, so the default only has to hold a typical rollout's requests in one running batch.
+DEFAULT_MAX_RUNNING_REQUESTS = 256
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 MAX_EVENTS = 256
 

@@ -38,22 +38,22 @@ Writes bench/results/peer_trl.json.
 Differences between the two setups that remain
 ----------------------------------------------
 - Architecture. slime runs Ray (GCS, raylet, workers), one Megatron-core trainer actor (gloo), one
-  torch engine server (continuous batching over a slot KV cache, at most 64 running requests) behind
-  sglang-router, prompts and replies over HTTP, and pushes the weights to the engine after every
-  step. TRL runs one process: HF ``model.generate`` on the training model itself (one left-padded
-  batch of all 128 sequences, transformers' own dynamic KV cache), no copy of the weights.
-- Cores. On the CPU slime splits the cores between its worker processes (``OMP_NUM_THREADS`` =
-  cores / processes per node: 1 thread each for the engine and the trainer on 2 cores, so generation
-  and training each use one core); TRL's process uses torch's default thread count (all cores, in
-  the result as ``torch_threads``).
+  torch engine server (continuous batching over a slot KV cache, up to 256 running requests) behind
+  sglang-router, prompts and replies over HTTP (keep-alive connections across rollouts), and pushes
+  the weights to the engine after every step. TRL runs one process: HF ``model.generate`` on the
+  training model itself (one left-padded batch of all 128 sequences, transformers' own dynamic KV
+  cache), no copy of the weights.
+- Cores. On the CPU slime splits the cores between the worker processes of a node
+  (``OMP_NUM_THREADS`` = cores / workers of that kind per node, ``slime.utils.device.worker_env``:
+  2 threads each for the one engine and the one trainer here, which take turns in the synchronous
+  loop); TRL's process uses torch's default thread count (all cores, ``torch_threads`` in the result).
 - Models. slime trains Megatron-core's GPT model (the HF weights converted, sequences packed) and
   samples with the transformers model inside its engine; TRL trains and samples with the same
   transformers Qwen2 model (SDPA attention). Both fp32, so only kernel-level numerics differ.
-- Work per step. slime recomputes the old log-probs with an extra no-grad forward over the batch
-  before the optimizer step (no ``--use-rollout-logprobs``); TRL with ``num_iterations=1`` and one
-  optimizer step per generation batch uses the current log-probs detached (ratio exactly 1). The
-  gradients are the same (the ratio is 1 on-policy in both), the cost is not. slime's trainer packs
-  the sequences of a micro-batch without padding (``thd``); TRL pads prompts left and completions right.
+- Work per step. Neither runs a separate old-log-prob pass: with one optimizer step per rollout and
+  no KL both use the training forward's own log-probs, detached (ratio exactly 1; slime's
+  ``old_log_probs_are_current``, TRL's ``num_iterations=1``). slime's trainer packs the sequences of
+  a micro-batch without padding (``thd``); TRL pads prompts left and completions right.
 - Advantages. Both: (r - group mean) / (unbiased group std + eps); eps is 1e-6 in slime and 1e-4 in
   TRL (``scale_rewards="group"``). Groups whose rewards are all equal get 0 in both and are not
   filtered in either (no dynamic sampling).

@@ -168,7 +168,18 @@ def reward_part(work: Path, sft: Path, repeats: int) -> float:
 
     data = str(work / "data/train.jsonl")
     flags = ["--rm-type", "exact", "--debug-rollout-only", "--prompt-data", data, "--hf-checkpoint", str(sft)]
-    args = parse_args([*peer_trl.model_args(), *flags, "--rollout-num-gpus", "1", "--rollout-batch-size", "16", "--num-rollout", "1"])
+    args = parse_args(
+        [
+            *peer_trl.model_args(),
+            *flags,
+            "--rollout-num-gpus",
+            "1",
+            "--rollout-batch-size",
+            "16",
+            "--num-rollout",
+            "1",
+        ]
+    )
     rows = [json.loads(line) for line in (work / "data/train.jsonl").read_text().splitlines()[:128]]
     samples = [Sample(prompt=r["prompt"], label=r["label"], response=r["label"][::-1]) for r in rows]
 

@@ -34,9 +34,10 @@ def should_run(interval: int | None, rollout_id: int, num_rollout: int) -> bool:
 
 def mean_over_steps(step_metrics: list[dict[str, float]]) -> dict[str, float]:
     """``train/<key>`` averaged over the rollout's optimizer steps (the learning rate: the last one);
-    a key that already names its family (``perf/train_optimizer_time``) keeps its name."""
+    the trainer's timings (``perf/train_optimizer_time``, ...) keep their ``perf/`` names."""
     out = {
-        key if "/" in key else f"train/{key}": sum(m[key] for m in step_metrics) / len(step_metrics)
+        key if key.startswith("perf/") else f"train/{key}": sum(m[key] for m in step_metrics)
+        / len(step_metrics)
         for key in step_metrics[0]
     }
     out["train/lr"] = step_metrics[-1]["lr"]

@@ -16,7 +16,7 @@ Two views of the same step (16 prompts x 8 samples, 8 new tokens, one optimizer 
    - ``train_transfer``: the rest of the trainer call: the train data put into and fetched from the
      object store, the metrics reduced and sent back;
    - ``weight_push``: the weights to the engine (``perf/update_weights_time``);
-   - ``loop_other``: the rest of the step (saving the prompt position, logging).
+   - ``loop_other``: the rest of the step (the loop's bookkeeping, logging).
 
 2. **Each part alone** (``parts``), with the real parts started here, median of ``--repeats``:
 
@@ -24,8 +24,9 @@ Two views of the same step (16 prompts x 8 samples, 8 new tokens, one optimizer 
      1, ``return_logprob``) from one pooled aiohttp client straight to a torch engine, and through a
      sglang-router in front of it; their difference is what HTTP through the router costs;
    - ``reward``: the exact-match reward of 128 samples (``compute_reward``);
-   - ``old_log_prob_pass``: the trainer's separate no-grad forward over the rollout (on data dumped by
-     the stack run; it is skipped where it cannot differ, see ``old_log_probs_are_current``);
+   - ``old_log_prob_pass``: the trainer's separate no-grad forward over the rollout (on a rollout
+     dumped by a second, 2-rollout run; the pass is skipped where it cannot differ, see
+     ``old_log_probs_are_current``);
    - ``forward_backward`` / ``optimizer``: one train step of the Megatron trainer in this process;
    - ``packed_attention`` / ``packed_attention_per_sequence``: the core attention of one packed
      micro-batch (forward and backward), as run now (one right-padded batch) and as one call per
@@ -72,12 +73,19 @@ def median_after_warmup(values: list[float]) -> float:
     return statistics.median(values[2:] if len(values) > 3 else values)
 
 
-def stack_split(work: Path, sft: Path, num_rollout: int, python: str) -> tuple[dict[str, Any], Path]:
-    """The quickstart GRPO phase for ``num_rollout`` rollouts; the median split of a step and the path
-    of rollout 1's train data (dumped for the part probes)."""
-    options = argparse.Namespace(seed=0, num_steps=num_rollout)
+def rollout_dump(work: Path, sft: Path, python: str) -> Path:
+    """Rollout 1's train data of a 2-rollout quickstart run (dumped with ``--save-debug-rollout-data``,
+    which writes every rollout: so not in the timed run, where it would count as loop time)."""
     dump = work / "profile_rollout_{rollout_id}.pt"
-    result = peer_trl.run_ours(work, sft, options, python, ("--save-debug-rollout-data", str(dump)))
+    options = argparse.Namespace(seed=0, num_steps=2)
+    peer_trl.run_ours(work, sft, options, python, ("--save-debug-rollout-data", str(dump)))
+    return Path(str(dump).format(rollout_id=1))
+
+
+def stack_split(work: Path, sft: Path, num_rollout: int, python: str) -> dict[str, Any]:
+    """The quickstart GRPO phase for ``num_rollout`` rollouts; the median split of a step."""
+    options = argparse.Namespace(seed=0, num_steps=num_rollout)
+    result = peer_trl.run_ours(work, sft, options, python)
     scalars = peer_trl.read_scalars(work / "tb/grpo")
     split = {name: median_after_warmup(scalars[tag]) for name, tag in STACK_PARTS.items()}
     step = median_after_warmup(scalars["perf/step_time"])
@@ -97,7 +105,7 @@ def stack_split(work: Path, sft: Path, num_rollout: int, python: str) -> tuple[d
         "reward_last5": result["reward_last5"],
         "ppo_kl_max": max(abs(v) for v in scalars["train/ppo_kl"]),
     }
-    return summary, Path(str(dump).format(rollout_id=1))
+    return summary
 
 
 def step_prompts(work: Path, sft: Path) -> list[list[int]]:
@@ -291,7 +299,8 @@ def main() -> None:
         parser.error(f"--num-rollout: use more than {peer_trl.LR_WARMUP_STEPS} (the warm-up) rollouts")
     work, python = Path(opts.work_dir), sys.executable
     sft = peer_trl.setup(work, 0, python)
-    stack, dump = stack_split(work, sft, opts.num_rollout, python)
+    stack = stack_split(work, sft, opts.num_rollout, python)
+    dump = rollout_dump(work, sft, python)
     parts = {**engine_parts(work, sft, opts.repeats), "reward": reward_part(work, sft, opts.repeats)}
     parts.update(trainer_parts(work, sft, dump, opts.repeats))
     result = {

@@ -54,23 +54,17 @@ class _CudaToCpuMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         # Every torch call of the trainer passes through here: the common case (no device argument,
         # none of the three rewritten methods) returns at once, as it costs per op on small models.
-        if func in _REWRITTEN:
+        if func in _REWRITTEN or (kwargs and ("device" in kwargs or "pin_memory" in kwargs)):
             return _rewrite(func, args, kwargs or {})
-        if not kwargs:
-            return func(*args)
-        if "device" in kwargs or "pin_memory" in kwargs:
-            kwargs = dict(kwargs)
-            if "device" in kwargs:
-                kwargs["device"] = _as_cpu(kwargs["device"])
-            kwargs.pop("pin_memory", None)
-        return func(*args, **kwargs)
+        return func(*args, **kwargs) if kwargs else func(*args)
 
 
 _REWRITTEN = frozenset((torch.Tensor.cuda, torch.Tensor.type, torch.Tensor.to))
 
 
 def _rewrite(func: Any, args: tuple, kwargs: dict) -> Any:
-    """``.cuda()`` is a no-op, ``.type()`` names the CUDA type, ``.to(cuda)`` stays on the CPU."""
+    """``.cuda()`` is a no-op, ``.type()`` names the CUDA type, ``.to(cuda)`` and ``device=cuda`` stay
+    on the CPU, ``pin_memory`` is dropped."""
     if func is torch.Tensor.cuda:
         return args[0]
     if func is torch.Tensor.type and len(args) == 1 and not kwargs:

@@ -85,17 +85,28 @@ class PackedDotProductAttention(DotProductAttention):
 class PackedRows:
     """Where each token of a packed row goes in the right-padded ``[max_len, num_seqs]`` layout."""
 
+    cu_seqlens: torch.Tensor  # the boundaries these rows were computed from
+    position: torch.Tensor  # [T]: each packed token's position in its own sequence
     index: torch.Tensor  # [T]: position * num_seqs + sequence, per packed token
     max_len: int
     num_seqs: int
 
 
+_last_rows: list[PackedRows] = []
+
+
 def packed_rows(cu_seqlens: torch.Tensor) -> PackedRows:
+    """The rows of ``cu_seqlens``; every layer's attention and RoPE (queries and keys) of a micro-batch
+    ask for the same boundaries tensor, so the last answer is kept and given again for it."""
+    if _last_rows and _last_rows[0].cu_seqlens is cu_seqlens:
+        return _last_rows[0]
     lengths = cu_seqlens[1:] - cu_seqlens[:-1]
     num_seqs = len(lengths)
     sequence = torch.repeat_interleave(torch.arange(num_seqs, device=cu_seqlens.device), lengths)
     position = torch.arange(int(cu_seqlens[-1]), device=cu_seqlens.device) - cu_seqlens[sequence]
-    return PackedRows(position * num_seqs + sequence, int(lengths.max()), num_seqs)
+    rows = PackedRows(cu_seqlens, position, position * num_seqs + sequence, int(lengths.max()), num_seqs)
+    _last_rows[:] = [rows]
+    return rows
 
 
 def pad_sequences(packed: torch.Tensor, rows: PackedRows) -> torch.Tensor:
@@ -128,11 +139,9 @@ def use_batched_thd_rope() -> None:
             return baseline(
                 t, cu_seqlens, freqs, rotary_interleaved, multi_latent_attention, mscale, cp_group
             )
-        rows = packed_rows(cu_seqlens)
-        positions = torch.div(rows.index, rows.num_seqs, rounding_mode="floor")
         return rope_utils._apply_rotary_pos_emb_bshd(
             t.unsqueeze(1),
-            freqs[positions],
+            freqs[packed_rows(cu_seqlens).position],
             rotary_interleaved=rotary_interleaved,
             multi_latent_attention=multi_latent_attention,
             mscale=mscale,

@@ -528,7 +528,7 @@ def _check_training_options(args: argparse.Namespace) -> None:
         )
     if args.lr_warmup_fraction is not None and args.lr_warmup_iters:
         raise ConfigError("--lr-warmup-fraction", "cannot be combined with --lr-warmup-iters; keep one")
-    steps = args.lr_decay_iters or (args.num_rollout or 0) * args.num_steps_per_rollout
+    steps = lr_schedule_steps(args)
     if args.lr_warmup_iters and steps and args.lr_warmup_iters >= steps:
         # megatron-core's scheduler asserts warm-up < decay steps, which the run's steps are by default.
         where = "--lr-decay-iters" if args.lr_decay_iters else "--num-rollout × --num-steps-per-rollout"
@@ -626,6 +626,12 @@ def _check_engine_backend(args: argparse.Namespace) -> None:
             f"starts SGLang with {server_flag}, which needs the Python package {module}, not installed "
             f"here; pip install {module} (the Docker image has it) or drop {flag}",
         )
+
+
+def lr_schedule_steps(args: argparse.Namespace) -> int:
+    """The optimizer steps the learning-rate schedule spans: ``--lr-decay-iters``, else the run's own
+    (``--num-rollout`` × ``--num-steps-per-rollout``; 0 while the run length is unknown)."""
+    return args.lr_decay_iters or (args.num_rollout or 0) * args.num_steps_per_rollout
 
 
 def uses_engines(args: argparse.Namespace) -> bool:

@@ -28,6 +28,7 @@ from slime.backends.megatron.config import (
 )
 from slime.backends.megatron.packed_attention import PackedDotProductAttention, use_batched_thd_rope
 from slime.backends.megatron.post_norm_layer import with_post_norms
+from slime.config.validate import lr_schedule_steps
 
 if not moe_utils.HAVE_TE:
     # megatron-core 0.16's router GEMM tests ``te_general_gemm is not None`` but only binds the name
@@ -127,11 +128,11 @@ def wrap_for_training(
 
 
 def build_optimizer(
-    args: argparse.Namespace, model: list[DistributedDataParallel], total_steps: int
+    args: argparse.Namespace, model: list[DistributedDataParallel]
 ) -> tuple[MegatronOptimizer, OptimizerParamScheduler]:
     """Optimizer over the DDP chunks and Megatron's LR / weight-decay schedule in optimizer steps."""
     optimizer = get_megatron_optimizer(optimizer_config_from_args(args), model)
-    decay_steps = args.lr_decay_iters or max(total_steps, 1)
+    decay_steps = max(lr_schedule_steps(args), 1)
     warmup_steps = args.lr_warmup_iters
     if args.lr_warmup_fraction is not None:
         warmup_steps = int(args.lr_warmup_fraction * decay_steps)

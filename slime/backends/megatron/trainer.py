@@ -131,8 +131,7 @@ class MegatronTrainer:
         if self.is_critic:
             attach_value_heads(chunks, args.hidden_size)
         self.model = wrap_for_training(args, self.config, chunks)
-        total_steps = (args.num_rollout or 0) * args.num_steps_per_rollout
-        self.optimizer, self.scheduler = build_optimizer(args, self.model, total_steps)
+        self.optimizer, self.scheduler = build_optimizer(args, self.model)
         self.memory = TrainerMemory(self.model, self.optimizer)  # --colocate: offloaded between trainings
         self.loss_fn: LossFn = build_loss_fn(args)
         self.old_is_current = old_log_probs_are_current(args)

@@ -132,12 +132,13 @@ def run_on_thread_loop(coroutine: Coroutine[Any, Any, Any]) -> Any:
     """``asyncio.run`` on one event loop kept per thread, so that the sessions of ``client_session``
     (their keep-alive connections) serve the next rollout too: a fresh session per rollout opened a
     TCP connection per request, a third of the rollout manager's time on the quickstart
-    (``bench/step_profile.py``)."""
-    runner = getattr(_thread_loops, "runner", None)
-    if runner is None:
-        runner = _thread_loops.runner = asyncio.Runner()
+    (``bench/step_profile.py``). Each call runs as a task of its own, in a copy of the caller's
+    context, as under ``asyncio.run``."""
+    loop = getattr(_thread_loops, "loop", None)
+    if loop is None:
+        loop = _thread_loops.loop = asyncio.new_event_loop()
         _thread_loops.sessions = {}
-    return runner.run(coroutine)
+    return loop.run_until_complete(coroutine)
 
 
 def client_session(limit: int) -> tuple[aiohttp.ClientSession, bool]:
@@ -145,8 +146,7 @@ def client_session(limit: int) -> tuple[aiohttp.ClientSession, bool]:
     ``run_on_thread_loop`` the loop's own (never closed by its users; aiohttp closes connections idle
     for 15 s, so a slow step pays reconnects and a fast one none), elsewhere a new one the caller
     closes. No total timeout: a long generation is not an error."""
-    runner = getattr(_thread_loops, "runner", None)
-    shared = runner is not None and asyncio.get_running_loop() is runner.get_loop()
+    shared = asyncio.get_running_loop() is getattr(_thread_loops, "loop", None)
     session = _thread_loops.sessions.get(limit) if shared else None
     if session is None or session.closed:
         session = aiohttp.ClientSession(

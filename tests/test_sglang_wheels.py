@@ -247,6 +247,23 @@ def test_v1_models_reports_the_context_length_the_rollout_caps_by(release: str) 
 
 
 @pytest.mark.parametrize("release", RELEASES)
+def test_max_running_requests_unset_is_the_servers_own_choice(release: str) -> None:
+    """``--max-running-requests`` defaults to None in the release's ``ServerArgs`` and the model runner
+    then takes the number its memory pool allows (``self.max_running_requests =
+    result.max_running_requests``), so the torch engine picking its own default when the flag is
+    unset (``DEFAULT_MAX_RUNNING_REQUESTS``, sized for a rollout) is what the flag means there."""
+    root = source(release)
+    # 0.5.19 declares the field in server_args.py; 0.5.23 moved it to its schedule argument group.
+    declared = [root / "server_args.py", root / "arg_groups" / "fields" / "schedule.py"]
+    text = "".join(path.read_text() for path in declared if path.is_file())
+    assert re.search(r"max_running_requests: A\[\s*Optional\[int\],[^\]]*\]\s*= None", text)
+    assert (
+        "self.max_running_requests = result.max_running_requests"
+        in (root / "model_executor" / "model_runner.py").read_text()
+    )
+
+
+@pytest.mark.parametrize("release", RELEASES)
 def test_the_scheduler_caps_max_new_tokens_to_context_minus_input_minus_two(release: str) -> None:
     """The torch engine's cap (``engine.py``) and the rollout's TRUNCATED expectation rest on
     ``Scheduler.init_req_max_new_tokens``: ``min(max_new_tokens, max_req_len - input - 1)`` with

@@ -91,18 +91,46 @@ def test_a_request_an_engine_failed_is_sent_again_and_a_bad_one_is_not():
     async def run(url: str):
         async with aiohttp.ClientSession() as session:
             context = RolloutContext(session, retries=3, retry_wait_s=0.01)
-            assert await _post_with_retries(context, url, {"input_ids": [1]}) == {"ok": True}
+            assert await _post_with_retries(context, url, {"input_ids": [1]}, None) == {"ok": True}
             assert context.retried == 2 and len(set(calls)) == 3  # a fresh rid per attempt
             assert not context.in_flight
             with pytest.raises(HttpError, match="HTTP 400"):
-                await _post_with_retries(context, url, {"input_ids": [9]})
+                await _post_with_retries(context, url, {"input_ids": [9]}, None)
             assert context.retried == 2
             calls.clear()
             no_retry = RolloutContext(session, retries=0)
             with pytest.raises(HttpError, match="HTTP 502"):
-                await _post_with_retries(no_retry, url, {"input_ids": [1]})
+                await _post_with_retries(no_retry, url, {"input_ids": [1]}, None)
 
     asyncio.run(with_http_server("/generate", generate, run))
+
+
+def test_a_batch_is_in_flight_under_the_rids_sglang_gives_its_inputs_and_is_retried_whole():
+    """One rid per attempt for the batch; while it is out its inputs are in flight as ``<rid>_<i>``
+    (the names SGLang and the torch engine give them, the ones an abort must name), each counted
+    as a retried request."""
+    seen: list[tuple[str, list[str]]] = []
+    holder: list[RolloutContext] = []
+
+    async def generate(request: web.Request) -> web.Response:
+        body = await request.json()
+        seen.append((body["rid"], sorted(holder[0].in_flight)))
+        if len(seen) == 1:
+            return web.json_response({"error": "upstream died"}, status=502)
+        return web.json_response([{"n": i} for i in range(len(body["input_ids"]))])
+
+    async def run(url: str):
+        async with aiohttp.ClientSession() as session:
+            context = RolloutContext(session, retries=1, retry_wait_s=0.01)
+            holder.append(context)
+            reply = await _post_with_retries(context, url, {"input_ids": [[1], [2]]}, 2)
+            assert reply == [{"n": 0}, {"n": 1}]
+            assert context.retried == 2 and not context.in_flight
+
+    asyncio.run(with_http_server("/generate", generate, run))
+    (first, first_flight), (second, second_flight) = seen
+    assert first != second
+    assert first_flight == [f"{first}_0", f"{first}_1"] and second_flight == [f"{second}_0", f"{second}_1"]
 
 
 @pytest.mark.e2e
@@ -166,18 +194,19 @@ def crash_env(tmp_path, name: str, at_request: int) -> dict[str, str]:
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_a_killed_engine_stops_a_plain_run_in_one_line_and_a_tolerant_run_goes_on(tiny_run_flags, tmp_path):
-    """Rollouts of 4 prompts × 2 samples on 2 engines, 4 requests per engine per rollout: the 6th
-    request of an engine comes in rollout 1. Without the flag the run stops there in one line naming
-    the engine, checkpointed; resumed with the flag (and an engine killed again at its 2nd request,
-    in the first rollout) it finishes: every rollout full, one restart, every sample generated with
-    the then-current weights (a restarted engine serving its start-up weights would give "1")."""
+    """Rollouts of 4 prompts × 2 samples on 2 engines, a batched /generate per prompt group: 2
+    requests per engine per rollout, so the 3rd request of an engine comes in rollout 1. Without the
+    flag the run stops there in one line naming the engine, checkpointed; resumed with the flag (and
+    an engine killed again at its 2nd request, in the first rollout) it finishes: every rollout full,
+    one restart, every sample generated with the then-current weights (a restarted engine serving
+    its start-up weights would give "1")."""
     import torch
     from test_train_loop import read_events, run_train
 
     ckpt, tb = tmp_path / "ckpt", tmp_path / "tb"
     common = ["--save", str(ckpt), "--save-interval", "10"]  # no regular save before the last rollout
     flags = tiny_run_flags(*common, **TWO_ENGINES, num_rollout=4)
-    result = run_train(flags, exit_code=1, env=crash_env(tmp_path, "first", 6))
+    result = run_train(flags, exit_code=1, env=crash_env(tmp_path, "first", 3))
     lines = [line for line in result.stderr.splitlines() if "was killed by SIGKILL" in line]
     assert len(lines) == 1, result.stderr[-3000:]
     assert re.search(r"engine \d \(http://[\d.:]+\) was killed by SIGKILL", lines[0]), lines

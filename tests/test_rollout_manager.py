@@ -6,6 +6,7 @@ from each engine's own counters (``/get_server_info`` ``internal_states[0].finis
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import subprocess
@@ -23,6 +24,7 @@ from conftest import running_rollout_manager
 from slime.config import parse_args
 from slime.ray.cluster import create_placement_group, release_placement_group
 from slime.ray.rollout_manager import RolloutManager, samples_to_train_data
+from slime.rollout.generate_utils import prompt_ids
 from slime.rollout.sample import Sample
 from slime.rollout.sglang_rollout import apply_reply, generate_groups
 from slime.utils.http import ServerProcess, ServerStartError, get_json, post_json, post_json_sync
@@ -191,6 +193,26 @@ def test_eval_scores_each_set_of_an_eval_config_with_its_own_n_sampling_and_rewa
         assert len({row["response"] for row in greedy if row["prompt_index"] == i}) == 1
 
 
+def spy_on_generate(monkeypatch) -> list[dict]:
+    """The ``/generate`` bodies the rollout sends, recorded on their way to the real router."""
+    from slime.rollout import generate_utils
+
+    bodies, real = [], generate_utils.post_json
+
+    async def recording(session, url, payload):
+        bodies.append(json.loads(json.dumps(payload)))
+        return await real(session, url, payload)
+
+    monkeypatch.setattr(generate_utils, "post_json", recording)
+    return bodies
+
+
+def routed_args(tiny_models, prompt_file, router_url, *extra):
+    args = make_args(tiny_models["qwen2"], prompt_file, 2, *extra)
+    args.sglang_router_ip, args.sglang_router_port = router_url.removeprefix("http://").split(":")
+    return args
+
+
 async def tagging_generate(args, sample: Sample, sampling_params: dict) -> Sample:
     """A custom generate function as users write them: it finds the router through ``args``."""
     import aiohttp
@@ -207,13 +229,56 @@ async def tagging_generate(args, sample: Sample, sampling_params: dict) -> Sampl
 def test_custom_generate_function_replaces_the_per_sample_step(rollout, tiny_models, prompt_file):
     _, _, router_url = rollout
     path = f"{__name__}.tagging_generate"
-    args = make_args(tiny_models["qwen2"], prompt_file, 2, "--custom-generate-function-path", path)
-    args.sglang_router_ip, args.sglang_router_port = router_url.removeprefix("http://").split(":")
+    args = routed_args(tiny_models, prompt_file, router_url, "--custom-generate-function-path", path)
     groups = [[Sample(index=2 * g + i, prompt="abc", label="cba") for i in range(2)] for g in range(2)]
     done = asyncio.run(generate_groups(args, groups, router_url))
     assert [s.index for group in done for s in group] == [0, 1, 2, 3]
     assert all(s.metadata["custom"] and s.reward is not None for group in done for s in group)
     assert all(s.tokens[:3] == [3, 4, 5] and len(s.rollout_log_probs) == s.response_length for s in done[0])
+
+
+def test_a_prompt_group_is_one_batched_generate_and_each_sample_its_own_request(
+    rollout, tiny_models, prompt_file, monkeypatch
+):
+    _, urls, router_url = rollout
+    bodies = spy_on_generate(monkeypatch)
+    args = routed_args(tiny_models, prompt_file, router_url)
+    groups = [[Sample(index=4 * g + i, prompt="abc", label="cba") for i in range(4)] for g in range(2)]
+    before = sum(finished(url) for url in urls)
+    done = asyncio.run(generate_groups(args, groups, router_url))
+    prompt = prompt_ids(args, Sample(prompt="abc"))
+    assert len(bodies) == 2  # one per group, not one per sample
+    for body in bodies:
+        assert body["input_ids"] == [prompt] * 4 and isinstance(body["rid"], str)
+        assert "sampling_seed" not in body["sampling_params"]
+    assert sum(finished(url) for url in urls) - before == 8  # the engines served each input alone
+    for sample in (s for group in done for s in group):
+        assert sample.tokens[: len(prompt)] == prompt and sample.reward is not None
+        assert 1 <= sample.response_length == len(sample.rollout_log_probs) <= MAX_RESPONSE_LEN
+
+    bodies.clear()
+    args = routed_args(tiny_models, prompt_file, router_url, "--rollout-seed-per-sample")
+    runs = []
+    for _ in range(2):
+        fresh = [[Sample(index=i, prompt="abc", label="cba") for i in range(4)]]
+        runs.append([s.tokens for s in asyncio.run(generate_groups(args, fresh, router_url))[0]])
+    assert len(bodies) == 8 and all(body["input_ids"] == prompt for body in bodies)
+    assert len({body["sampling_params"]["sampling_seed"] for body in bodies}) == 4  # a seed per sample
+    assert runs[0] == runs[1]  # the same seeds sample the same tokens
+
+
+def test_inputs_with_different_budgets_go_in_separate_batches(rollout, monkeypatch):
+    from slime.rollout.generate_utils import generate_turns
+
+    _, _, router_url = rollout
+    bodies = spy_on_generate(monkeypatch)
+    args = argparse.Namespace(sglang_router_ip="127.0.0.1", sglang_router_port=router_url.rsplit(":", 1)[1])
+    params = {"max_new_tokens": 5, "ignore_eos": True}
+    turns = asyncio.run(generate_turns(args, [[3, 4, 5], [3, 4], [3, 4, 5]], params, budgets=[2, 5, 2]))
+    assert [len(turn.output_ids) for turn in turns] == [2, 5, 2]
+    assert all(len(turn.log_probs) == len(turn.output_ids) for turn in turns)
+    sent = sorted((body["sampling_params"]["max_new_tokens"], body["input_ids"]) for body in bodies)
+    assert sent == [(2, [[3, 4, 5], [3, 4, 5]]), (5, [3, 4])]
 
 
 def test_pause_holds_new_requests_until_resume(rollout):

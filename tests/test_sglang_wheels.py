@@ -290,6 +290,28 @@ def test_an_abort_by_rid_reaches_only_known_requests_and_from_0_5_20_only_once(r
 
 
 @pytest.mark.parametrize("release", RELEASES)
+def test_a_batch_with_one_rid_and_one_sampling_params_is_requests_named_rid_i(release: str) -> None:
+    """What the rollout's batched ``/generate`` per prompt group (``generate_utils.generate_turns``)
+    relies on, in ``GenerateReqInput`` (``managers/io_struct.py``): a string rid of a batch becomes
+    ``f"{rid}_{i}"`` per input and one ``sampling_params`` dict is every input's; and
+    ``TokenizerManager._init_req_state`` registers each input's rid, so the rollout can abort each
+    by name (the torch engine's ``protocol.parse_generate`` names them the same way)."""
+    root = source(release)
+    io_struct = (root / "managers" / "io_struct.py").read_text()
+    rid = io_struct[io_struct.index("def _normalize_rid(") :]
+    rid = rid[: rid.index("\n    def ")]
+    assert 'new_rids = [f"{self.rid}_{i}" for i in range(num)]' in rid
+    params = io_struct[io_struct.index("def _normalize_sampling_params(") :]
+    assert "self.sampling_params = [self.sampling_params] * num" in params[: params.index("\n    def ")]
+    manager = (root / "managers" / "tokenizer_manager.py").read_text()
+    init = manager[manager.index("def _init_req_state(") :]
+    init = init[: init.index("\n    def ")]
+    batch = init[init.index("else:") :]
+    assert "obj.rid[i]," in batch and "obj[i]," in batch and "for i in range(len(obj.rid))" in batch
+    assert "self.rid_to_state[rid] = " in init or "self.rid_to_state.update(new_states)" in init
+
+
+@pytest.mark.parametrize("release", RELEASES)
 def test_health_generate_is_a_get_answering_200_or_503_with_no_body(release: str) -> None:
     """The fault-tolerance probe (``slime.ray.engines.engine_problem``) takes 200 for well and any
     other status, or no answer within its timeout, for failed: the route answers 200 once a generation

@@ -146,13 +146,14 @@ def run_train(
 
 def test_train_py_runs_grpo_logs_every_scalar_and_resumes_exactly(tiny_run_flags, tmp_path):
     """A run resumed from its rollout-1 checkpoint repeats rollout 2 of the uninterrupted run exactly:
-    the same prompts in the same order, the same sampled tokens (seeded per sample) and the same loss.
+    the same prompts in the same order, the same sampled tokens (seeded per sample with
+    --rollout-seed-per-sample) and the same loss.
     Both runs stream their prompts through two worker processes (--streaming-data --num-data-workers 2)."""
     ckpt, tb = tmp_path / "ckpt", tmp_path / "tb"
     flags = tiny_run_flags(
         "--save", str(ckpt), "--save-interval", "2", "--tb-dir", str(tb),
         "--save-debug-rollout-data", str(tmp_path / "full_{rollout_id}.pt"), **LOOP, **STREAMING,
-        num_rollout=3,
+        num_rollout=3, rollout_seed_per_sample=True,
     )  # fmt: skip
     run_train(flags)
     scalars = read_events(tb)
@@ -169,7 +170,7 @@ def test_train_py_runs_grpo_logs_every_scalar_and_resumes_exactly(tiny_run_flags
     flags = tiny_run_flags(
         "--load", str(ckpt), "--ckpt-step", "1", "--tb-dir", str(resumed_tb),
         "--save-debug-rollout-data", str(tmp_path / "resumed_{rollout_id}.pt"), **LOOP, **STREAMING,
-        num_rollout=3,
+        num_rollout=3, rollout_seed_per_sample=True,
     )  # fmt: skip
     result = run_train(flags)
     assert "resumed from" in result.stderr and "at rollout 2" in result.stderr

@@ -143,6 +143,15 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--rollout-seed", type=int, default=42, help="Seed of prompt shuffling and sampling.")
     g.add_argument("--rollout-shuffle", action="store_true", help="Shuffle the prompts each epoch.")
     g.add_argument(
+        "--rollout-seed-per-sample",
+        action="store_true",
+        help="Send each sample as its own /generate carrying its own sampling_seed (from --rollout-seed "
+        "and the sample's index), so a resumed run samples the same tokens as the uninterrupted one "
+        "(the torch engine always; SGLang with deterministic inference). Without it each prompt group "
+        "is one batched /generate, which sglang-router passes with one sampling_params for all its "
+        "samples, so they carry no seed of their own; it costs less HTTP handling per step.",
+    )
+    g.add_argument(
         "--sglang-server-concurrency",
         type=positive_int,
         default=512,

@@ -106,7 +106,8 @@ class RolloutContext:
         return self._context_length
 
     def new_rid(self) -> str:
-        """Fixed width, so no rid is a prefix of another (SGLang matches abort rids by prefix)."""
+        """Fixed width, so no rid is a prefix of another request's (SGLang matches abort rids by prefix;
+        within one batch ``<rid>_1`` is a prefix of ``<rid>_10``, which is aborted with it anyway)."""
         self._sent += 1
         return f"{self.prefix}-{self._sent:010d}"
 
@@ -196,40 +197,99 @@ def sampling_seed(args: argparse.Namespace, index: int, prompt_length: int) -> i
     return (args.rollout_seed * 1_000_003 + index * 65_537 + prompt_length) % 2**31
 
 
+def _aborted_turn() -> Turn:
+    return Turn([], [], "", Sample.Status.ABORTED, "", {"type": "abort"})
+
+
 async def generate_turn(
     args: argparse.Namespace, input_ids: list[int], sampling_params: dict[str, Any], index: int | None = None
 ) -> Turn:
     """One model turn on ``input_ids`` through the router (ABORTED without a request once the rollout aborts).
 
-    ``max_new_tokens`` <= 0 is answered TRUNCATED without a request: the budget is spent. Within a
-    rollout it is first capped to the engines' context length minus the input (SGLang answers a
-    request over it with HTTP 400, which would stop the run); a turn so capped is ``context_capped``,
-    and one whose input alone fills the context is answered TRUNCATED without a request.
+    With the sample's ``index`` the request carries that sample's own ``sampling_seed`` (unless
+    ``sampling_params`` has one). ``max_new_tokens`` <= 0 is answered TRUNCATED without a request:
+    the budget is spent. Within a rollout it is first capped to the engines' context length minus the
+    input (SGLang answers a request over it with HTTP 400, which would stop the run); a turn so capped
+    is ``context_capped``, and one whose input alone fills the context is answered TRUNCATED without a
+    request.
+    """
+    if index is not None and "sampling_seed" not in sampling_params:
+        sampling_params = {**sampling_params, "sampling_seed": sampling_seed(args, index, len(input_ids))}
+    return (await generate_turns(args, [input_ids], sampling_params, indices=[index]))[0]
+
+
+async def generate_turns(
+    args: argparse.Namespace,
+    inputs: list[list[int]],
+    sampling_params: dict[str, Any],
+    budgets: list[int] | None = None,
+    indices: list[int | None] | None = None,
+) -> list[Turn]:
+    """A model turn on each of ``inputs``, sent in SGLang's batch form (a list of ``input_ids``), so that
+    a prompt group costs one HTTP request through the router instead of one per sample. On the engine
+    each input is a request of its own (rid ``<batch rid>_<i>``): scheduled, aborted and answered as a
+    single one. sglang-router 0.3.2 carries one ``sampling_params`` map and one rid per request, so
+    the inputs share the parameters: no per-sample ``sampling_seed`` (``generate_turn`` sends one),
+    and inputs with different ``max_new_tokens`` (``budgets``, each input's own, else the parameters';
+    then capped to the context length) go in separate requests. Capping and the answers without a
+    request are ``generate_turn``'s; ``indices`` name the samples in errors.
     """
     context = _CONTEXT.get()
     if context is not None and context.aborted.is_set():
-        return Turn([], [], "", Sample.Status.ABORTED, "", {"type": "abort"})
-    capped = False
+        return [_aborted_turn() for _ in inputs]
     limit = None if context is None else await context.context_length()
-    if limit is not None:
-        room = limit - len(input_ids)
-        if room < sampling_params["max_new_tokens"]:
-            sampling_params, capped = {**sampling_params, "max_new_tokens": max(room, 0)}, True
-    if sampling_params["max_new_tokens"] <= 0:
-        return Turn([], [], "", Sample.Status.TRUNCATED, "", {"type": "length"}, context_capped=capped)
-    if index is not None and "sampling_seed" not in sampling_params:
-        sampling_params = {**sampling_params, "sampling_seed": sampling_seed(args, index, len(input_ids))}
-    payload = {"input_ids": list(input_ids), "sampling_params": sampling_params, "return_logprob": True}
+    turns: list[Turn | None] = [None] * len(inputs)
+    batches: dict[int, list[int]] = {}  # max_new_tokens -> positions in inputs
+    asked = [sampling_params["max_new_tokens"]] * len(inputs) if budgets is None else budgets
+    for i, input_ids in enumerate(inputs):
+        budget = asked[i]
+        if limit is not None:
+            budget = min(budget, max(limit - len(input_ids), 0))
+        if budget <= 0:
+            capped = budget < asked[i]
+            turns[i] = Turn(
+                [], [], "", Sample.Status.TRUNCATED, "", {"type": "length"}, context_capped=capped
+            )
+        else:
+            batches.setdefault(budget, []).append(i)
+
+    async def send(budget: int, members: list[int]) -> None:
+        params = {**sampling_params, "max_new_tokens": budget}
+        replies = await _post_generate(args, context, [inputs[i] for i in members], params)
+        for i, reply in zip(members, replies, strict=True):
+            if reply is None:  # the rollout aborted while the request waited for a retry
+                turns[i] = _aborted_turn()
+                continue
+            turns[i] = parse_reply(reply, None if indices is None else indices[i])
+            turns[i].context_capped = budget < asked[i]
+
+    await asyncio.gather(*(send(budget, members) for budget, members in batches.items()))
+    return turns
+
+
+async def _post_generate(
+    args: argparse.Namespace, context: RolloutContext | None, inputs: list[list[int]], params: dict[str, Any]
+) -> list[Any]:
+    """The replies to one ``/generate`` of ``inputs`` (the single form for one), None each when the
+    rollout aborted before a retry."""
+    batched = len(inputs) > 1
+    payload = {
+        "input_ids": [list(ids) for ids in inputs] if batched else list(inputs[0]),
+        "sampling_params": params,
+        "return_logprob": True,
+    }
     url = f"{router_url(args)}/generate"
     if context is not None:
-        reply = await _post_with_retries(context, url, payload)
-        if reply is None:  # the rollout aborted while the request waited for a retry
-            return Turn([], [], "", Sample.Status.ABORTED, "", {"type": "abort"})
-        turn = parse_reply(reply, index)
-        turn.context_capped = capped
-        return turn
-    async with aiohttp.ClientSession() as session:  # outside a rollout, e.g. a quick script
-        return parse_reply(await post_json(session, url, payload), index)
+        reply = await _post_with_retries(context, url, payload, len(inputs) if batched else None)
+    else:
+        async with aiohttp.ClientSession() as session:  # outside a rollout, e.g. a quick script
+            reply = await post_json(session, url, payload)
+    if reply is None:
+        return [None] * len(inputs)
+    replies = reply if batched else [reply]
+    if not isinstance(replies, list) or len(replies) != len(inputs):
+        raise ValueError(f"/generate answered a batch of {len(inputs)} inputs with {reply!r:.200}")
+    return replies
 
 
 def _engine_failed(error: Exception) -> bool:
@@ -239,21 +299,27 @@ def _engine_failed(error: Exception) -> bool:
     return isinstance(error, aiohttp.ClientError | ConnectionError)
 
 
-async def _post_with_retries(context: RolloutContext, url: str, payload: dict[str, Any]) -> Any:
+async def _post_with_retries(
+    context: RolloutContext, url: str, payload: dict[str, Any], batch_size: int | None
+) -> Any:
     """``/generate`` under a fresh rid per attempt, sent again ``context.retries`` times when an engine
-    failed it; None when the rollout aborted meanwhile. The last failure is raised as it came."""
+    failed it; None when the rollout aborted meanwhile. The last failure is raised as it came.
+
+    A batch of ``batch_size`` inputs gets one rid; SGLang names its requests ``<rid>_<i>``
+    (``GenerateReqInput._normalize_rid``), and those are the rids tracked in flight and aborted."""
     attempt = 0
     while True:
         rid = payload["rid"] = context.new_rid()
-        context.in_flight.add(rid)
+        rids = [rid] if batch_size is None else [f"{rid}_{i}" for i in range(batch_size)]
+        context.in_flight.update(rids)
         try:
             return await post_json(context.session, url, payload)
         except Exception as error:
             if attempt >= context.retries or not _engine_failed(error):
                 raise
         finally:
-            context.in_flight.discard(rid)
-        context.retried += 1
+            context.in_flight.difference_update(rids)
+        context.retried += len(rids)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(context.aborted.wait(), min(0.5 * 2**attempt, context.retry_wait_s))
         if context.aborted.is_set():

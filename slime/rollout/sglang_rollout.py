@@ -1,14 +1,19 @@
 """The default rollout function: prompt groups -> HTTP ``/generate`` through the router -> scored samples.
 
 ``generate_rollout(args, rollout_id, data_source, evaluation)`` is what ``--rollout-function-path``
-names by default. Per sample it sends the prompt's token ids (tokenized once per group with the
-``--hf-checkpoint`` tokenizer) to the router and takes the response tokens and their log-probs from
-the reply (``slime.rollout.generate_utils``). The response is never re-tokenized from text, because
-text -> ids does not round-trip and the trainer must score exactly the tokens the engine sampled.
+names by default. Per prompt group it sends one batched ``/generate`` to the router (SGLang's list
+form: the prompt's token ids, tokenized once with the ``--hf-checkpoint`` tokenizer, and a rid,
+a seed and a token budget per sample) and takes each sample's response tokens and log-probs from its
+reply (``slime.rollout.generate_utils.generate_turns``). One request per group instead of one per
+sample cut the quickstart's generation from 157 to 97 ms per step (128 samples through the router,
+2-core VM): HTTP handling shares the engine's GIL with its scheduler. The response is never
+re-tokenized from text, because text -> ids does not round-trip and the trainer must score exactly
+the tokens the engine sampled.
 
 A group is scored as soon as its last sample is back, so rewards overlap with generation. All requests
 share one aiohttp session, kept across rollouts (keep-alive connections); at most
-``--sglang-server-concurrency`` samples per engine are in flight.
+``--sglang-server-concurrency`` samples per engine are in flight (a group larger than that is sent
+in several batches).
 
 Rollout control:
 
@@ -31,10 +36,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import copy
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from tqdm import tqdm
@@ -50,13 +56,13 @@ from slime.rollout.generate_utils import (
     append_model_turn,
     complete_generated,
     generate_turn,
+    generate_turns,
     mask_offpolicy_turns,
     parse_reply,
     prompt_ids,
     remaining_tokens,
     rollout_context,
     router_url,
-    start_sample,
 )
 from slime.rollout.output import RolloutOutput
 from slime.rollout.rewards import RewardChoice, score_groups
@@ -110,14 +116,6 @@ def apply_reply(sample: Sample, prompt: list[int], reply: dict[str, Any]) -> Sam
     return sample
 
 
-async def default_generate(args: argparse.Namespace, sample: Sample, params: dict[str, Any]) -> Sample:
-    """One model turn for the remaining token budget; a resumed partial sample continues where it stopped."""
-    start_sample(args, sample)
-    budget = {**params, "max_new_tokens": remaining_tokens(sample, params)}
-    append_model_turn(sample, await generate_turn(args, sample.tokens, budget, sample.index))
-    return sample
-
-
 _context_lengths: dict[tuple[str, ...], int] = {}
 
 
@@ -134,6 +132,29 @@ def engines_context_length(router_url: str) -> int | None:
     return _context_lengths[urls]
 
 
+class SampleSlots:
+    """At most ``capacity`` samples in flight. A batch takes a slot per sample, all before it is sent:
+    batches taking theirs one by one could each hold part of the slots and wait for each other forever."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._free = asyncio.Semaphore(capacity)
+        self._taking = asyncio.Lock()  # one batch takes its slots at a time
+
+    @contextlib.asynccontextmanager
+    async def hold(self, count: int) -> AsyncIterator[None]:
+        taken = 0
+        try:
+            async with self._taking:
+                while taken < count:
+                    await self._free.acquire()
+                    taken += 1
+            yield
+        finally:
+            for _ in range(taken):
+                self._free.release()
+
+
 class RolloutClient:
     """The per-rollout HTTP state: one session, one concurrency bound, one abort signal, and the reward
     function its groups are scored with (an evaluation set's own, or the reward flags')."""
@@ -144,9 +165,9 @@ class RolloutClient:
         self.reward = RewardChoice.from_args(args) if reward is None else reward
         num_engines = max(1, (args.rollout_num_gpus or 1) // args.rollout_num_gpus_per_engine)
         concurrency = args.sglang_server_concurrency * num_engines
-        self.semaphore = asyncio.Semaphore(concurrency)
+        self.slots = SampleSlots(concurrency)
         self.plugin = args.custom_generate_function_path
-        self.generate: GenerateFn = load_function(self.plugin) if self.plugin else default_generate
+        self.generate: GenerateFn | None = load_function(self.plugin) if self.plugin else None
         # The loop's shared session (keep-alive connections across rollouts); a dead engine is the
         # router's to report.
         session, self._shared_session = client_session(concurrency)
@@ -170,31 +191,64 @@ class RolloutClient:
         A finished sample (its group was returned to the data source before the others finished) is
         passed through: generate functions only ever see samples with something left to generate.
         """
-        args = self.args
-        fresh = [sample for sample in group if not sample.tokens]
-        if fresh and self.generate is default_generate:
-            shared = prompt_ids(args, fresh[0])  # once per group: the samples share the prompt
+        if self.generate is None:
+            await self._generate_batched(group, params, progress)
+            done = group
+        else:
+            returned = [self._generate_one(sample, params, progress) for sample in group]
+            done = [sample for samples in await asyncio.gather(*returned) for sample in samples]
+        if all(sample.finished for sample in done):
+            await score_groups(self.args, [done], self.reward)
+        return done
+
+    async def _generate_batched(self, group: list[Sample], params: dict[str, Any], progress: tqdm) -> None:
+        """The default step: one model turn for each unfinished sample's remaining token budget, the
+        group in one batched ``/generate`` (in chunks of at most the concurrency bound), or with
+        ``--rollout-seed-per-sample`` one seeded request per sample; a resumed partial sample
+        continues where it stopped."""
+        todo = [sample for sample in group if not sample.finished]
+        fresh = [sample for sample in todo if not sample.tokens]
+        if fresh:
+            shared = prompt_ids(self.args, fresh[0])  # once per group: the samples share the prompt
             for sample in fresh:
                 sample.tokens = list(shared)
+        size = 1 if self.args.rollout_seed_per_sample else self.slots.capacity
+        chunks = [todo[start : start + size] for start in range(0, len(todo), size)]
+        await asyncio.gather(*(self._generate_chunk(chunk, params, progress) for chunk in chunks))
 
-        async def one(sample: Sample) -> list[Sample]:
-            if sample.finished:
+    async def _generate_chunk(self, samples: list[Sample], params: dict[str, Any], progress: tqdm) -> None:
+        async with self.slots.hold(len(samples)):
+            if self.context.aborted.is_set():  # never started: they go back untouched
+                return
+            budgets = [remaining_tokens(sample, params) for sample in samples]
+            if self.args.rollout_seed_per_sample:  # chunks of one sample
+                (sample,) = samples
+                turns = [
+                    await generate_turn(
+                        self.args, sample.tokens, params | {"max_new_tokens": budgets[0]}, sample.index
+                    )
+                ]
+            else:
+                tokens = [sample.tokens for sample in samples]
+                indices = [sample.index for sample in samples]
+                turns = await generate_turns(self.args, tokens, params, budgets, indices)
+        for sample, turn in zip(samples, turns, strict=True):
+            append_model_turn(sample, turn)
+        progress.update(len(samples))
+
+    async def _generate_one(self, sample: Sample, params: dict[str, Any], progress: tqdm) -> list[Sample]:
+        """One sample through ``--custom-generate-function-path``."""
+        if sample.finished:
+            return [sample]
+        async with self.slots.hold(1):
+            if self.context.aborted.is_set():  # never started: it goes back untouched
                 return [sample]
-            async with self.semaphore:
-                if self.context.aborted.is_set():  # never started: it goes back untouched
-                    return [sample]
-                result = await self.generate(args, sample, dict(params))
-            progress.update(1)
-            samples = result if isinstance(result, list) else [result]
-            if self.plugin:
-                for returned in samples:
-                    complete_generated(args, returned, self.plugin)
-            return samples
-
-        done = [s for samples in await asyncio.gather(*(one(sample) for sample in group)) for s in samples]
-        if all(sample.finished for sample in done):
-            await score_groups(args, [done], self.reward)
-        return done
+            result = await self.generate(self.args, sample, dict(params))
+        progress.update(1)
+        samples = result if isinstance(result, list) else [result]
+        for returned in samples:
+            complete_generated(self.args, returned, self.plugin)
+        return samples
 
     async def abort(self, pending: set[asyncio.Task]) -> list[list[Sample]]:
         """Aborts this rollout's requests on every engine until each has come back.

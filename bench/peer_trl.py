@@ -68,9 +68,11 @@ Differences between the two setups that remain
   ``add_special_tokens=False``, TRL with the tokenizer's default; for this tokenizer the ids are the
   same (``prompt_ids_match_slime`` in the TRL result checks it on every training prompt).
 - Randomness. The prompt order (slime: ``--rollout-shuffle`` with ``--rollout-seed``; TRL: its
-  RepeatSampler seeded with ``seed``) and the sampling RNG (the engine's seeded sampler; torch's
-  global RNG in ``generate``) differ, so the two runs see different prompts and samples; only the
-  SFT checkpoint, the data and the recipe are shared.
+  RepeatSampler seeded with ``seed``) and the sampling RNG (the engine's sampler, seeded at start
+  from ``--rollout-seed``, drawing for each prompt group's batched request as it is scheduled;
+  torch's global RNG in ``generate``) differ, so the two runs see different prompts and samples;
+  only the SFT checkpoint, the data and the recipe are shared. Neither run repeats bit for bit:
+  slime's batched requests carry no per-sample seed (``--rollout-seed-per-sample`` would).
 - Optimizer. Both AdamW-style Adam (beta1 0.9, beta2 0.98, eps 1e-8, weight decay 0) with the same
   schedule (lr x min(k, 10) / 10 at optimizer step k = 0, 1, ...: step 0 has lr 0 in both); slime uses
   Megatron's optimizer wrapper (torch Adam underneath on the CPU), TRL transformers'

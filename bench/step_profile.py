@@ -20,9 +20,11 @@ Two views of the same step (16 prompts x 8 samples, 8 new tokens, one optimizer 
 
 2. **Each part alone** (``parts``), with the real parts started here, median of ``--repeats``:
 
-   - ``engine_direct`` / ``engine_via_router``: the step's 128 requests (the same prompts, temperature
-     1, ``return_logprob``) from one pooled aiohttp client straight to a torch engine, and through a
-     sglang-router in front of it; their difference is what HTTP through the router costs;
+   - ``engine_direct`` / ``engine_via_router``: the step's 128 samples (the same prompts, temperature
+     1, ``return_logprob``) as the rollout sends them, one batched request per prompt group, from
+     one pooled aiohttp client straight to a torch engine, and through a sglang-router in front of
+     it; their difference is what HTTP through the router costs; ``engine_direct_per_sample``: the
+     same 128 samples as one request each (``--rollout-seed-per-sample``);
    - ``reward``: the exact-match reward of 128 samples (``compute_reward``);
    - ``old_log_prob_pass``: the trainer's separate no-grad forward over the rollout (on a rollout
      dumped by a second, 2-rollout run; the pass is skipped where it cannot differ, see
@@ -108,27 +110,30 @@ def stack_split(work: Path, sft: Path, num_rollout: int, python: str) -> dict[st
     return summary
 
 
-def step_prompts(work: Path, sft: Path) -> list[list[int]]:
-    """The first 16 training prompts, 8 times each, tokenized as the rollout tokenizes them."""
+def step_groups(work: Path, sft: Path) -> list[list[list[int]]]:
+    """The first 16 training prompts' groups of 8, tokenized as the rollout tokenizes them."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(sft)
     lines = (work / "data/train.jsonl").read_text().splitlines()[: peer_trl.PROMPTS_PER_STEP]
     prompts = [tokenizer(json.loads(line)["prompt"], add_special_tokens=False)["input_ids"] for line in lines]
-    return [p for p in prompts for _ in range(peer_trl.SAMPLES_PER_PROMPT)]
+    return [[prompt] * peer_trl.SAMPLES_PER_PROMPT for prompt in prompts]
 
 
-def time_waves(url: str, prompts: list[list[int]], repeats: int) -> float:
-    """Median seconds for all ``prompts`` sent at once, as the rollout sends them."""
+def time_waves(url: str, groups: list[list[list[int]]], repeats: int, per_sample: bool = False) -> float:
+    """Median seconds for all ``groups`` sent at once, as the rollout sends them: one batched request
+    per group, or (``per_sample``) one request per sample."""
     import aiohttp
 
     params = {"max_new_tokens": peer_trl.MAX_RESPONSE_LEN, "temperature": 1.0, "skip_special_tokens": True}
+    inputs = [[ids] for group in groups for ids in group] if per_sample else groups
 
     async def waves() -> list[float]:
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector) as session:
 
-            async def one(ids: list[int]) -> None:
+            async def one(batch: list[list[int]]) -> None:
+                ids = batch[0] if len(batch) == 1 else batch
                 body = {"input_ids": ids, "sampling_params": params, "return_logprob": True}
                 async with session.post(f"{url}/generate", json=body) as reply:
                     reply.raise_for_status()
@@ -137,7 +142,7 @@ def time_waves(url: str, prompts: list[list[int]], repeats: int) -> float:
             times = []
             for _ in range(repeats + 1):  # the first wave warms up
                 start = time.perf_counter()
-                await asyncio.gather(*(one(ids) for ids in prompts))
+                await asyncio.gather(*(one(batch) for batch in inputs))
                 times.append(time.perf_counter() - start)
             return times[1:]
 
@@ -150,7 +155,7 @@ def engine_parts(work: Path, sft: Path, repeats: int) -> dict[str, float]:
     from slime.rollout.router import Router
     from slime.utils.device import worker_env
 
-    prompts = step_prompts(work, sft)
+    groups = step_groups(work, sft)
     logs = work / "logs"
     flags = ["--log-level", "warning", "--random-seed", "0"]
     env = worker_env(processes_per_node=1)  # the engine's threads in a run
@@ -159,14 +164,20 @@ def engine_parts(work: Path, sft: Path, repeats: int) -> dict[str, float]:
     )
     router = Router(logs)
     try:
-        direct = time_waves(engine.url, prompts, repeats)
+        direct = time_waves(engine.url, groups, repeats)
+        per_sample = time_waves(engine.url, groups, repeats, per_sample=True)
         router_url = router.start()
         router.add_worker(engine.url)
-        via_router = time_waves(router_url, prompts, repeats)
+        via_router = time_waves(router_url, groups, repeats)
     finally:
         router.shutdown()
         engine.stop()
-    return {"engine_direct": direct, "engine_via_router": via_router, "http_router": via_router - direct}
+    return {
+        "engine_direct": direct,
+        "engine_direct_per_sample": per_sample,
+        "engine_via_router": via_router,
+        "http_router": via_router - direct,
+    }
 
 
 def reward_part(work: Path, sft: Path, repeats: int) -> float:

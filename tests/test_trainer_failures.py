@@ -126,6 +126,7 @@ def test_a_killed_trainer_rank_is_resumed_from_the_last_checkpoint(tiny_run_flag
     flags = tiny_run_flags(
         "--save", str(ckpt), "--save-interval", "1", "--auto-resume", "1", "--tb-dir", str(tb),
         "--save-debug-rollout-data", str(tmp_path / "rollout_{rollout_id}.pt"), **ONE_PER_SIDE, num_rollout=3,
+        rollout_seed_per_sample=True,  # regenerated exactly: every sample seeded
     )  # fmt: skip
     ray_tmp = Path(tempfile.mkdtemp(prefix="slime-ray-", dir="/tmp"))  # short: Ray's socket paths
     try:

@@ -213,8 +213,6 @@ async def generate_turn(
     is ``context_capped``, and one whose input alone fills the context is answered TRUNCATED without a
     request.
     """
-    if index is not None and "sampling_seed" not in sampling_params:
-        sampling_params = {**sampling_params, "sampling_seed": sampling_seed(args, index, len(input_ids))}
     return (await generate_turns(args, [input_ids], sampling_params, indices=[index]))[0]
 
 
@@ -229,8 +227,9 @@ async def generate_turns(
     a prompt group costs one HTTP request through the router instead of one per sample. On the engine
     each input is a request of its own (rid ``<batch rid>_<i>``): scheduled, aborted and answered as a
     single one. sglang-router 0.3.2 carries one ``sampling_params`` map and one rid per request, so
-    the inputs share the parameters: no per-sample ``sampling_seed`` (``generate_turn`` sends one),
-    and inputs with different ``max_new_tokens`` (``budgets``, each input's own, else the parameters';
+    the inputs share the parameters: a batch carries no per-sample ``sampling_seed``, while an input
+    sent alone carries its sample's (with its index, unless the parameters have one), and inputs
+    with different ``max_new_tokens`` (``budgets``, each input's own, else the parameters';
     then capped to the context length) go in separate requests. Capping and the answers without a
     request are ``generate_turn``'s; ``indices`` name the samples in errors.
     """
@@ -255,6 +254,9 @@ async def generate_turns(
 
     async def send(budget: int, members: list[int]) -> None:
         params = {**sampling_params, "max_new_tokens": budget}
+        index = None if indices is None or len(members) > 1 else indices[members[0]]
+        if index is not None and "sampling_seed" not in params:
+            params["sampling_seed"] = sampling_seed(args, index, len(inputs[members[0]]))
         replies = await _post_generate(args, context, [inputs[i] for i in members], params)
         for i, reply in zip(members, replies, strict=True):
             if reply is None:  # the rollout aborted while the request waited for a retry

@@ -55,7 +55,6 @@ from slime.rollout.generate_utils import (
     RolloutContext,
     append_model_turn,
     complete_generated,
-    generate_turn,
     generate_turns,
     mask_offpolicy_turns,
     parse_reply,
@@ -212,7 +211,7 @@ class RolloutClient:
             shared = prompt_ids(self.args, fresh[0])  # once per group: the samples share the prompt
             for sample in fresh:
                 sample.tokens = list(shared)
-        size = 1 if self.args.rollout_seed_per_sample else self.slots.capacity
+        size = 1 if self.args.rollout_seed_per_sample else self.slots.capacity  # one alone is seeded
         chunks = [todo[start : start + size] for start in range(0, len(todo), size)]
         await asyncio.gather(*(self._generate_chunk(chunk, params, progress) for chunk in chunks))
 
@@ -221,17 +220,8 @@ class RolloutClient:
             if self.context.aborted.is_set():  # never started: they go back untouched
                 return
             budgets = [remaining_tokens(sample, params) for sample in samples]
-            if self.args.rollout_seed_per_sample:  # chunks of one sample
-                (sample,) = samples
-                turns = [
-                    await generate_turn(
-                        self.args, sample.tokens, params | {"max_new_tokens": budgets[0]}, sample.index
-                    )
-                ]
-            else:
-                tokens = [sample.tokens for sample in samples]
-                indices = [sample.index for sample in samples]
-                turns = await generate_turns(self.args, tokens, params, budgets, indices)
+            tokens, indices = [sample.tokens for sample in samples], [sample.index for sample in samples]
+            turns = await generate_turns(self.args, tokens, params, budgets, indices)
         for sample, turn in zip(samples, turns, strict=True):
             append_model_turn(sample, turn)
         progress.update(len(samples))

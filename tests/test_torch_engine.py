@@ -859,3 +859,38 @@ def test_sigterm_aborts_in_flight_requests_and_exits_zero(model_dir, tmp_path):
         assert proc.wait(30) == 0
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("gather", [True, False])
+def test_an_idle_engine_prefills_requests_arriving_together_in_one_forward(model_dir, monkeypatch, gather):
+    """Eight requests 20 ms apart reach an idle engine: gathering arrivals (widened here from 1 ms
+    quiet / 5 ms at most to 200 ms / 2 s, so a loaded machine cannot split them) prefills them in one
+    forward and decodes them in step; without it the first is prefilled alone."""
+    from slime.backends.torch_engine import scheduler
+    from slime.backends.torch_engine.engine import TorchEngine
+    from slime.backends.torch_engine.protocol import parse_generate
+    from slime.backends.torch_engine.server_args import parse_server_args
+
+    monkeypatch.setattr(scheduler, "GATHER_QUIET_S", 0.2)
+    monkeypatch.setattr(scheduler, "GATHER_MAX_S", 2.0 if gather else 0.0)
+    engine = TorchEngine(parse_server_args(["--model-path", str(model_dir), "--random-seed", "0"]))
+    engine.scheduler.start()
+    replies: list[concurrent.futures.Future] = []
+    try:
+        params = {"max_new_tokens": 4, "min_new_tokens": 4, "temperature": 0}
+        for i in range(8):
+            (gen,), _ = parse_generate({"input_ids": [5, 6, 7 + i], "sampling_params": params})
+            request = engine.build_request(gen)
+            future: concurrent.futures.Future = concurrent.futures.Future()
+            request.on_finish = future.set_result
+            replies.append(future)
+            engine.scheduler.submit(request)
+            time.sleep(0.02)
+        assert all(len(f.result(timeout=60)["output_ids"]) == 4 for f in replies)
+        stats = engine.scheduler.stats
+        if gather:
+            assert (stats.prefill_batches, stats.decode_steps) == (1, 3)
+        else:
+            assert stats.prefill_batches >= 2
+    finally:
+        engine.scheduler.stop()

@@ -39,6 +39,17 @@ QUEUED_ABORT_MESSAGE = "Abort in waiting queue"
 # Padded tokens one prefill forward may take (rows x longest prompt); at least one request always fits.
 PREFILL_TOKEN_BUDGET = 8192
 
+# An idle engine that receives requests waits for more before its first prefill, until no new one came
+# for GATHER_QUIET_S or GATHER_MAX_S passed: requests sent together (a rollout's prompt groups, whose
+# HTTP requests arrive a fraction of a millisecond apart) are prefilled in one forward and decode in
+# step, instead of a first prefill of whatever arrived first and a second one that joins it. On the
+# quickstart step (16 batched requests of 8) that is 1.1 instead of 2.1 prefills and 7 instead of
+# 9 decode steps. SGLang's counterpart is its prefill delayer (``--enable-prefill-delayer``, off by
+# default, ``managers/prefill_delayer.py``), which waits in forward passes rather than time; the
+# requests and replies are the same either way.
+GATHER_QUIET_S = 0.001
+GATHER_MAX_S = 0.005
+
 
 @dataclass
 class Request:
@@ -162,11 +173,25 @@ class Scheduler:
     def _has_work(self) -> bool:
         return not self.paused and bool(self.running or self.waiting)
 
+    def _gather_arrivals(self) -> None:
+        """Called with ``_cond`` held: see GATHER_QUIET_S. Only new requests are waited for, on an engine
+        with nothing running; anything else in the inbox (an abort, a pause, a weight load) ends it."""
+        if self.running or not self._inbox or any(kind != "request" for kind, _ in self._inbox):
+            return
+        deadline = time.perf_counter() + GATHER_MAX_S
+        seen = len(self._inbox)
+        while time.perf_counter() < deadline:
+            self._cond.wait(GATHER_QUIET_S)
+            if len(self._inbox) == seen or any(kind != "request" for kind, _ in self._inbox[seen:]):
+                return
+            seen = len(self._inbox)
+
     def _run(self) -> None:
         while True:
             with self._cond:
                 while not self._inbox and not self._has_work():
                     self._cond.wait()
+                self._gather_arrivals()
                 items, self._inbox = self._inbox, []
             # Inference mode for the control items too: aborting a running request moves another's
             # KV row into its slot, an in-place write to the cache's inference tensors.

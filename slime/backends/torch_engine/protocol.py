@@ -5,7 +5,9 @@ The engine mirrors one SGLang release at a time (``--sglang-release``, default t
 Known differences from the real server: a receive stuck in a weight-update broadcast whose sender gave
 up ends when its group is destroyed (SGLang's scheduler stays in it until the group's timeout, and
 its session and pause calls wait too); a running request aborted keeps the tokens it had (SGLang
-decodes one more token first).
+decodes one more token first); an idle scheduler gathers requests arriving together for up to 5 ms
+before its first prefill (``scheduler.GATHER_MAX_S``; SGLang prefills at once unless its prefill
+delayer is on).
 
 Facts taken from SGLang 0.5.23 (`sglang/srt/entrypoints/http_server.py`, `managers/io_struct.py`,
 `managers/tokenizer_manager.py`, `managers/detokenizer_manager.py`, `managers/schedule_batch.py`,

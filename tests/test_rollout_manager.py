@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 import ray
+import requests
 import yaml
 from conftest import running_rollout_manager
 
@@ -252,6 +253,9 @@ def test_a_prompt_group_is_one_batched_generate_and_each_sample_its_own_request(
         assert body["input_ids"] == [prompt] * 4 and isinstance(body["rid"], str)
         assert "sampling_seed" not in body["sampling_params"]
     assert sum(finished(url) for url in urls) - before == 8  # the engines served each input alone
+    for listed in ({"sampling_params": [{}, {}]}, {"rid": ["a", "b"]}):  # why a batch shares them
+        refused = requests.post(f"{router_url}/generate", json={"input_ids": [prompt, prompt], **listed})
+        assert refused.status_code == 422, refused.text
     for sample in (s for group in done for s in group):
         assert sample.tokens[: len(prompt)] == prompt and sample.reward is not None
         assert 1 <= sample.response_length == len(sample.rollout_log_probs) <= MAX_RESPONSE_LEN

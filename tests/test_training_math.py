@@ -164,9 +164,10 @@ def test_the_reference_snapshot_holds_persistent_buffers_such_as_the_expert_bias
 
 
 def test_log_probs_in_pieces_equal_the_whole_in_value_and_gradient():
-    """``token_logprobs_and_entropy`` computes (and under autograd checkpoints) ``chunk_tokens``
-    positions at a time, so its fp32 temporaries are per piece; the values and gradients must be
-    those of one piece over every position (vocab padded: 13 real ids of 16 rows)."""
+    """``token_logprobs_and_entropy`` computes (and under autograd checkpoints, when a piece is large)
+    ``chunk_tokens`` positions at a time, so its fp32 temporaries are per piece; the values and
+    gradients must be those of one piece over every position, checkpointed or not (vocab padded:
+    13 real ids of 16 rows)."""
     import torch.distributed as dist
     from megatron.core import parallel_state as mpu
 
@@ -181,20 +182,24 @@ def test_log_probs_in_pieces_equal_the_whole_in_value_and_gradient():
         logits = torch.randn(2, 11, 16, generator=generator)
         targets = torch.randint(0, 13, (2, 11), generator=generator)
         results = []
-        for chunk in (3, 1024):
+        # Pieces of 3 checkpointed, of 3 kept, and one piece kept (the default for these few logits).
+        for chunk, min_elements in ((3, 0), (3, 10**9), (1024, None)):
             leaf = logits.clone().requires_grad_(True)
-            logprobs, entropy = token_logprobs_and_entropy(leaf, targets, 13, 0.7, chunk_tokens=chunk)
+            sizes = {"chunk_tokens": chunk}
+            if min_elements is not None:
+                sizes["checkpoint_min_elements"] = min_elements
+            logprobs, entropy = token_logprobs_and_entropy(leaf, targets, 13, 0.7, **sizes)
             (logprobs.sum() + 0.3 * entropy.sum()).backward()
             results.append((logprobs.detach(), entropy.detach(), leaf.grad))
-        for piecewise, whole in zip(*results, strict=True):
-            assert torch.allclose(piecewise, whole, atol=1e-6)
+        for checkpointed, kept, whole in zip(*results, strict=True):
+            assert torch.allclose(checkpointed, whole, atol=1e-6) and torch.equal(checkpointed, kept)
         reference = torch.log_softmax(logits[..., :13] / 0.7, dim=-1).gather(-1, targets.unsqueeze(-1))
         assert torch.allclose(results[0][0], reference.squeeze(-1), atol=1e-6)
         with torch.no_grad():
             no_grad, none = token_logprobs_and_entropy(
                 logits, targets, 13, 0.7, with_entropy=False, chunk_tokens=4
             )
-        assert none is None and torch.allclose(no_grad, results[1][0], atol=1e-6)
+        assert none is None and torch.allclose(no_grad, results[2][0], atol=1e-6)
     finally:
         mpu.destroy_model_parallel()
         dist.destroy_process_group()

@@ -17,7 +17,9 @@ Facts about sglang-router 0.3.2 this module relies on (measured; DESIGN.md §6):
   top_k, max_new_tokens, min_new_tokens, stop, stop_token_ids, skip_special_tokens, no_stop_trim,
   sampling_seed), ``return_logprob``, ``logprob_start_len``, ``return_text_in_logprobs`` and ``rid``
   reach the engine; an engine's 400 (e.g. prompt + max_new_tokens over the context) comes back
-  unchanged, not retried.
+  unchanged, not retried. A batch (a list of ``input_ids``) passes to one engine with one
+  ``sampling_params`` map and a string rid; a list of either is refused with HTTP 422 ("Failed to
+  deserialize the JSON body"), so the inputs of a batch cannot carry a seed each.
 - With no worker, ``/generate`` is 503 ``no_available_workers``.
 - SIGTERM waits up to ``--shutdown-grace-period-secs`` (default 180) for requests in flight.
 - The worker's model path must be a local absolute path (the engines report the resolved

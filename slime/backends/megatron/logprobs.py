@@ -36,6 +36,11 @@ LOGPROB_CHUNK_TOKENS = 1024
 """Positions per piece of the log-prob computation: its fp32 temporaries are [chunk, V/tp], not
 [T, V/tp] (at 8k tokens and a 152k vocabulary one such copy is 4.9 GB)."""
 
+CHECKPOINT_MIN_ELEMENTS = 1 << 22
+"""Pieces of at least this many logits (16 MB per fp32 temporary) are checkpointed under autograd;
+smaller ones keep their temporaries, which cost less than recomputing them in the backward pass
+(on the quickstart's 128-token vocabulary the recomputation was about 3% of a train step)."""
+
 
 def token_logprobs_and_entropy(
     logits: torch.Tensor,
@@ -44,13 +49,16 @@ def token_logprobs_and_entropy(
     temperature: float = 1.0,
     with_entropy: bool = True,
     chunk_tokens: int = LOGPROB_CHUNK_TOKENS,
+    checkpoint_min_elements: int = CHECKPOINT_MIN_ELEMENTS,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``log p(target)`` and entropy at each position of ``logits[b, s, V/tp]`` (targets: global ids).
 
-    Computed ``chunk_tokens`` positions at a time. With gradients each piece is checkpointed: its
-    temporaries are recomputed in the backward pass, one piece at a time, instead of being kept for
-    every position. Every tensor-parallel rank walks the same pieces in the same order, so the
-    collectives inside match, in the forward and in the recomputation.
+    Computed ``chunk_tokens`` positions at a time. With gradients each piece of at least
+    ``checkpoint_min_elements`` logits is checkpointed: its temporaries are recomputed in the
+    backward pass, one piece at a time, instead of being kept for every position. Every
+    tensor-parallel rank walks the same pieces in the same order (their shapes, so whether they are
+    checkpointed, are the same on every rank), so the collectives inside match, in the forward and
+    in the recomputation.
     """
     grad = torch.is_grad_enabled() and logits.requires_grad
     compute = _piece_with_entropy if with_entropy else _piece
@@ -60,7 +68,10 @@ def token_logprobs_and_entropy(
         for start in range(0, logits.shape[1], chunk_tokens):
             end = start + chunk_tokens
             args = (logits[row, start:end], targets[row, start:end], vocab_size, temperature)
-            pieces.append(checkpoint(compute, *args, use_reentrant=False) if grad else compute(*args))
+            if grad and args[0].numel() >= checkpoint_min_elements:
+                pieces.append(checkpoint(compute, *args, use_reentrant=False))
+            else:
+                pieces.append(compute(*args))
         rows_logprobs.append(torch.cat([p[0] for p in pieces]))
         if with_entropy:
             rows_entropy.append(torch.cat([p[1] for p in pieces]))

@@ -117,7 +117,11 @@ def policy_token_losses(args: argparse.Namespace) -> Callable[..., tuple]:
 
 
 def flat_samples(batch: MicroBatch, key: str, device: torch.device) -> torch.Tensor:
-    """A per-sample key of the micro-batch as one flat per-token tensor (float32)."""
+    """A per-sample key of the micro-batch as one flat per-token tensor (float32); lists of numbers
+    (the rollout's) become one tensor at once instead of one per sample and a concatenation."""
+    values = batch.samples[key]
+    if all(isinstance(value, list) for value in values):
+        return torch.tensor([x for value in values for x in value], dtype=torch.float32, device=device)
     return torch.cat(batch.per_sample(key, device))
 
 

@@ -2,11 +2,13 @@
 
 ``generate_rollout(args, rollout_id, data_source, evaluation)`` is what ``--rollout-function-path``
 names by default. Per prompt group it sends one batched ``/generate`` to the router (SGLang's list
-form: the prompt's token ids, tokenized once with the ``--hf-checkpoint`` tokenizer, and a rid,
-a seed and a token budget per sample) and takes each sample's response tokens and log-probs from its
-reply (``slime.rollout.generate_utils.generate_turns``). One request per group instead of one per
-sample cut the quickstart's generation from 157 to 97 ms per step (128 samples through the router,
-2-core VM): HTTP handling shares the engine's GIL with its scheduler. The response is never
+form: the prompt's token ids, tokenized once with the ``--hf-checkpoint`` tokenizer, once per
+sample, with one rid and one ``sampling_params`` for the batch; samples with another token budget
+go in a batch of their own) and takes each sample's response tokens and log-probs from its reply
+(``slime.rollout.generate_utils.generate_turns``). One request per group instead of one per sample
+cut the quickstart's generation from 157 to 97 ms per step (128 samples through the router, 2-core
+VM): HTTP handling shares the engine's GIL with its scheduler. ``--rollout-seed-per-sample`` sends
+one seeded request per sample instead (exact resume). The response is never
 re-tokenized from text, because text -> ids does not round-trip and the trainer must score exactly
 the tokens the engine sampled.
 

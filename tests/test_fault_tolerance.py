@@ -91,16 +91,16 @@ def test_a_request_an_engine_failed_is_sent_again_and_a_bad_one_is_not():
     async def run(url: str):
         async with aiohttp.ClientSession() as session:
             context = RolloutContext(session, retries=3, retry_wait_s=0.01)
-            assert await _post_with_retries(context, url, {"input_ids": [1]}, None) == {"ok": True}
+            assert await _post_with_retries(context, url, {"input_ids": [1]}) == {"ok": True}
             assert context.retried == 2 and len(set(calls)) == 3  # a fresh rid per attempt
             assert not context.in_flight
             with pytest.raises(HttpError, match="HTTP 400"):
-                await _post_with_retries(context, url, {"input_ids": [9]}, None)
+                await _post_with_retries(context, url, {"input_ids": [9]})
             assert context.retried == 2
             calls.clear()
             no_retry = RolloutContext(session, retries=0)
             with pytest.raises(HttpError, match="HTTP 502"):
-                await _post_with_retries(no_retry, url, {"input_ids": [1]}, None)
+                await _post_with_retries(no_retry, url, {"input_ids": [1]})
 
     asyncio.run(with_http_server("/generate", generate, run))
 
@@ -123,7 +123,7 @@ def test_a_batch_is_in_flight_under_the_rids_sglang_gives_its_inputs_and_is_retr
         async with aiohttp.ClientSession() as session:
             context = RolloutContext(session, retries=1, retry_wait_s=0.01)
             holder.append(context)
-            reply = await _post_with_retries(context, url, {"input_ids": [[1], [2]]}, 2)
+            reply = await _post_with_retries(context, url, {"input_ids": [[1], [2]]})
             assert reply == [{"n": 0}, {"n": 1}]
             assert context.retried == 2 and not context.in_flight
 

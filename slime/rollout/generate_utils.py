@@ -282,7 +282,7 @@ async def _post_generate(
     }
     url = f"{router_url(args)}/generate"
     if context is not None:
-        reply = await _post_with_retries(context, url, payload, len(inputs) if batched else None)
+        reply = await _post_with_retries(context, url, payload)
     else:
         async with aiohttp.ClientSession() as session:  # outside a rollout, e.g. a quick script
             reply = await post_json(session, url, payload)
@@ -301,14 +301,14 @@ def _engine_failed(error: Exception) -> bool:
     return isinstance(error, aiohttp.ClientError | ConnectionError)
 
 
-async def _post_with_retries(
-    context: RolloutContext, url: str, payload: dict[str, Any], batch_size: int | None
-) -> Any:
+async def _post_with_retries(context: RolloutContext, url: str, payload: dict[str, Any]) -> Any:
     """``/generate`` under a fresh rid per attempt, sent again ``context.retries`` times when an engine
     failed it; None when the rollout aborted meanwhile. The last failure is raised as it came.
 
-    A batch of ``batch_size`` inputs gets one rid; SGLang names its requests ``<rid>_<i>``
+    A batch (``input_ids`` a list of lists) gets one rid; SGLang names its requests ``<rid>_<i>``
     (``GenerateReqInput._normalize_rid``), and those are the rids tracked in flight and aborted."""
+    inputs = payload["input_ids"]
+    batch_size = len(inputs) if inputs and isinstance(inputs[0], list) else None
     attempt = 0
     while True:
         rid = payload["rid"] = context.new_rid()

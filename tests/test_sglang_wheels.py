@@ -312,6 +312,26 @@ def test_a_batch_with_one_rid_and_one_sampling_params_is_requests_named_rid_i(re
 
 
 @pytest.mark.parametrize("release", RELEASES)
+def test_a_batch_answers_one_list_of_its_inputs_replies_in_order(release: str) -> None:
+    """``generate_turns`` pairs the i-th reply with the i-th input and takes an aborted input's reply
+    as a turn: ``TokenizerManager._handle_batch_request`` answers a non-streaming batch with
+    ``_collect_batch_responses``, an ``asyncio.gather`` over the inputs' waiters in input order, and
+    ``_handle_abort_finish_reason`` raises only for an abort that carries an error status (the
+    rollout's aborts carry none, so their inputs answer normally and the batch with them)."""
+    manager = (source(release) / "managers" / "tokenizer_manager.py").read_text()
+    batch = manager[manager.index("async def _handle_batch_request(") :]
+    batch = batch[: batch.index("\n    async def ", 10)]
+    assert "outputs = await self._collect_batch_responses(generators)" in batch
+    collect = manager[manager.index("async def _collect_batch_responses(") :]
+    collect = collect[: collect.index("\n    async def ", 10)]
+    assert "tasks = [asyncio.create_task(gen.__anext__()) for gen in generators]" in collect
+    assert "return await asyncio.gather(*tasks)" in collect
+    abort = manager[manager.index("async def _handle_abort_finish_reason(") :]
+    abort = abort[: abort.index("\n    def ", 10)]
+    assert 'finish_reason.get("status_code")' in abort
+
+
+@pytest.mark.parametrize("release", RELEASES)
 def test_health_generate_is_a_get_answering_200_or_503_with_no_body(release: str) -> None:
     """The fault-tolerance probe (``slime.ray.engines.engine_problem``) takes 200 for well and any
     other status, or no answer within its timeout, for failed: the route answers 200 once a generation

@@ -894,3 +894,43 @@ def test_an_idle_engine_prefills_requests_arriving_together_in_one_forward(model
             assert stats.prefill_batches >= 2
     finally:
         engine.scheduler.stop()
+
+
+def test_requests_with_the_same_prompt_prefill_it_once_and_sample_on_their_own(model_dir, hf, monkeypatch):
+    """A prompt group as the rollout sends it (eight copies of one prompt, at temperature 0.7, with
+    log-probs) and a different prompt, arriving together: the repeated prompt is computed once, the
+    copies report it as cached (all but its last token, as SGLang counts a prefix hit), each copy
+    samples on its own, and every log-prob is that of a plain forward over its own tokens."""
+    from slime.backends.torch_engine import scheduler
+    from slime.backends.torch_engine.engine import TorchEngine
+    from slime.backends.torch_engine.protocol import parse_generate
+    from slime.backends.torch_engine.server_args import parse_server_args
+
+    model, _ = hf
+    monkeypatch.setattr(scheduler, "GATHER_QUIET_S", 0.2)
+    monkeypatch.setattr(scheduler, "GATHER_MAX_S", 2.0)
+    engine = TorchEngine(parse_server_args(["--model-path", str(model_dir), "--random-seed", "0"]))
+    engine.scheduler.start()
+    prompts = [[5, 17, 40, 3]] * 8 + [[5, 17, 41]]
+    futures: list[concurrent.futures.Future] = []
+    try:
+        params = {"max_new_tokens": 6, "ignore_eos": True, "temperature": 0.7}
+        for ids in prompts:
+            (gen,), _ = parse_generate({"input_ids": ids, "sampling_params": params, "return_logprob": True})
+            request = engine.build_request(gen)
+            futures.append(concurrent.futures.Future())
+            request.on_finish = futures[-1].set_result
+            engine.scheduler.submit(request)
+        replies = [f.result(timeout=60) for f in futures]
+        stats = engine.scheduler.stats
+    finally:
+        engine.scheduler.stop()
+    assert stats.prefill_batches == 1 and stats.prefill_copied_requests == 7
+    assert stats.prefill_tokens == 4 + 3
+    assert [r["meta_info"]["cached_tokens"] for r in replies] == [0] + [3] * 7 + [0]
+    outputs = [tuple(r["output_ids"]) for r in replies[:8]]
+    assert len(set(outputs)) > 1  # eight draws of six tokens from one distribution are not all equal
+    for ids, reply in zip(prompts, replies, strict=True):
+        ours = torch.tensor([t[0] for t in reply["meta_info"]["output_token_logprobs"]])
+        expected = forward_logprobs(model, ids + reply["output_ids"], len(ids), 0.7)
+        assert torch.allclose(ours, expected, atol=1e-4)

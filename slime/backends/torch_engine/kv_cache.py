@@ -116,6 +116,11 @@ class _SlotLayer(CacheLayerMixin):
     def get_max_length(self) -> int:
         return -1
 
+    def copy_rows(self, sources: torch.Tensor, targets: torch.Tensor, length: int) -> None:
+        self._ensure_capacity(int(targets.max()) + 1, length)
+        self.keys[targets, :, :length] = self.keys[sources, :, :length]
+        self.values[targets, :, :length] = self.values[sources, :, :length]
+
     def move_row(self, src: int, dst: int, length: int) -> None:
         if self.is_initialized and length > 0:
             self.keys[dst, :, :length] = self.keys[src, :, :length]
@@ -154,6 +159,17 @@ class SlotKVCache(Cache):
         """Copy the first `length` columns of slot `src` into slot `dst` (a request changes slot)."""
         for layer in self.layers:
             layer.move_row(src, dst, length)
+
+    def copy_rows(self, copies: list[tuple[int, int, int]]) -> None:
+        """For each ``(source, target, length)``: slot ``target`` gets the first ``length`` columns of
+        slot ``source``, which this prefill has just filled (a request with the same tokens)."""
+        if not copies:
+            return
+        sources = torch.tensor([c[0] for c in copies])
+        targets = torch.tensor([c[1] for c in copies])
+        length = max(c[2] for c in copies)  # columns past a row's own length are never read
+        for layer in self.layers:
+            layer.copy_rows(sources, targets, length)
 
     def clear(self) -> None:
         """Drop every buffer (flush_cache, release of the kv_cache memory)."""

@@ -54,6 +54,6 @@ def generate_reply(request: Request, tokenizer: Any, weight_version: str) -> dic
         meta["output_token_logprobs_length"] = len(ids)
     meta["completion_tokens"] = len(ids)
     if not request.aborted_in_queue:
-        meta["cached_tokens"] = 0
+        meta["cached_tokens"] = request.cached_tokens
         meta["e2e_latency"] = time.perf_counter() - request.arrival
     return {"text": text, "output_ids": list(ids), "meta_info": meta}

@@ -76,6 +76,7 @@ class Request:
     banned_until_min: list[int] = field(default_factory=list)  # suppressed before min_new_tokens
     stop_tail_tokens: int = 0  # output tokens to decode when looking for stop strings
     aborted_in_queue: bool = False  # answered in the short shape of an abort from the waiting queue
+    cached_tokens: int = 0  # prompt tokens whose keys/values were copied rather than computed
 
     @property
     def wants_input_logprobs(self) -> bool:
@@ -90,7 +91,8 @@ class SchedulerStats:
     """Counters that make batching observable (reported by /get_server_info internal_states)."""
 
     prefill_batches: int = 0
-    prefill_tokens: int = 0
+    prefill_tokens: int = 0  # computed; a copied prompt's are not (see _prefill)
+    prefill_copied_requests: int = 0
     decode_steps: int = 0
     decode_tokens: int = 0
     max_running_seen: int = 0
@@ -320,26 +322,42 @@ class Scheduler:
         return request.wants_input_logprobs and not request.output_ids and request.num_retractions == 0
 
     def _prefill(self, batch: list[Request]) -> None:
+        """Prefills ``batch`` into the next free slots and samples each request's first token.
+
+        Requests with the same tokens (the samples of one prompt, sent together) are computed once: the
+        first of them is prefilled, the others get a copy of its keys, values and last logits, which
+        is what they would compute (SGLang's radix cache shares such a prefix too; each request still
+        samples on its own). They report the copied tokens as ``cached_tokens``, at most all but the
+        last, as SGLang counts a prefix hit.
+        """
         if self.running:
             self.stats.joined_running_batch += len(batch)
+        first_time = [self._needs_all_logits(r) for r in batch]
+        all_logits = any(first_time)  # such a request is prefilled alone
+        batch, sources = (batch, list(range(len(batch)))) if all_logits else _copies_last(batch)
+        computed = len(set(sources))
         start = len(self.running)
         for i, request in enumerate(batch):
             request.slot = start + i
         sequences = [r.input_ids + r.output_ids for r in batch]
-        first_time = [self._needs_all_logits(r) for r in batch]
-        all_logits = any(first_time)
-        logits = self.runner.prefill(sequences, start, all_logits)
+        logits = self.runner.prefill(sequences[:computed], start, all_logits)
+        copies = [(start + sources[i], start + i, len(sequences[i])) for i in range(computed, len(batch))]
+        self.runner.cache.copy_rows(copies)
         self.running.extend(batch)
         self.stats.prefill_batches += 1
-        self.stats.prefill_tokens += sum(len(s) for s in sequences)
+        self.stats.prefill_tokens += sum(len(s) for s in sequences[:computed])
+        self.stats.prefill_copied_requests += len(copies)
         self.stats.max_running_seen = max(self.stats.max_running_seen, len(self.running))
         last = []
-        for request, seq, row_logits, first in zip(batch, sequences, logits, first_time, strict=True):
+        for i, (request, seq) in enumerate(zip(batch, sequences, strict=True)):
             request.kv_len = len(seq)
+            row_logits = logits[sources[i]]
             if all_logits:
-                if first:
+                if first_time[i]:
                     self._record_input_logprobs(request, row_logits)
                 row_logits = row_logits[-1]
+            elif i >= computed and request.num_retractions == 0:
+                request.cached_tokens = len(request.input_ids) - 1
             last.append(row_logits)
         zero_budget = [r for r in batch if r.max_new_tokens == 0]
         for request in sorted(zero_budget, key=lambda r: -r.slot):
@@ -431,3 +449,19 @@ class Scheduler:
             "kv_cache_bytes": self.runner.cache.nbytes(),
             **vars(self.stats),
         }
+
+
+def _copies_last(batch: list[Request]) -> tuple[list[Request], list[int]]:
+    """``batch`` with the first request of each distinct token sequence first and the repeats after,
+    and for each the index of the first one with its tokens (the one prefilled for it)."""
+    first: dict[tuple[int, ...], int] = {}
+    unique: list[Request] = []
+    repeats: list[tuple[Request, int]] = []
+    for request in batch:
+        key = (*request.input_ids, *request.output_ids)
+        if key in first:
+            repeats.append((request, first[key]))
+        else:
+            first[key] = len(unique)
+            unique.append(request)
+    return unique + [r for r, _ in repeats], list(range(len(unique))) + [i for _, i in repeats]

@@ -278,7 +278,7 @@ def run_ours(
         "--num-rollout", str(opts.num_steps), "--micro-batch-size", "32",
         "--rollout-temperature", "1.0", "--rollout-max-response-len", str(MAX_RESPONSE_LEN),
         "--rollout-skip-special-tokens",
-        "--advantage-estimator", "grpo", "--eps-clip", "0.2",
+        "--advantage-estimator", "grpo", "--eps-clip", "0.2", "--share-prompts-in-train",
         "--lr", "1e-4", "--lr-warmup-iters", str(LR_WARMUP_STEPS),
         "--save-hf", str(final), "--tb-dir", str(tb), *extra,
     ]  # fmt: skip

@@ -227,6 +227,7 @@ def trainer_parts(work: Path, sft: Path, dump: Path, repeats: int) -> dict[str, 
         "--prompt-data", str(work / "data/train.jsonl"), "--rollout-num-gpus", "1",
         "--rollout-batch-size", "16", "--n-samples-per-prompt", "8", "--micro-batch-size", "32",
         "--num-rollout", "200", "--advantage-estimator", "grpo", "--eps-clip", "0.2", "--lr", "1e-4",
+        "--share-prompts-in-train",
     ]  # fmt: skip
     args = parse_args(flags)
     trainer = MegatronTrainer(args, 0, 1, "127.0.0.1", free_port())

@@ -266,9 +266,10 @@ def _policy_args(**overrides) -> argparse.Namespace:
 def _micro_batch(**samples) -> MicroBatch:
     lengths = [len(m) for m in samples["loss_masks"]]
     samples["loss_weights"] = [1.0 / sum(sum(m) for m in samples["loss_masks"])] * len(lengths)
-    index = list(range(len(lengths)))
-    starts = [0] * len(index)
-    return MicroBatch(torch.zeros(1), torch.zeros(1), lengths, lengths, samples, index, index, starts)
+    none = torch.zeros(0, dtype=torch.long)
+    return MicroBatch(
+        torch.zeros(1), torch.zeros(1), lengths, lengths, samples, list(range(len(lengths))), none, none, none
+    )
 
 
 def test_policy_loss_dispatches_gspo_by_estimator():

@@ -436,6 +436,11 @@ TP, PP = "--tensor-model-parallel-size", "--pipeline-model-parallel-size"
         ([GPUS, "12", ENGINE, "12"], ENGINE, "--num-gpus-per-node 8"),
         ([GPUS, "2", "--context-parallel-size", "2"], "--context-parallel-size", "not supported yet"),
         ([GPUS, "2", TP, "2", "--sequence-parallel"], "--sequence-parallel", "Transformer Engine"),
+        (["--share-prompts-in-train", "--qkv-format", "bshd"], "--share-prompts-in-train", "packed rows"),
+        (
+            ["--share-prompts-in-train", "--transformer-impl", "transformer_engine"],
+            "--share-prompts-in-train", "--transformer-impl local",
+        ),
     ],
 )  # fmt: skip
 def test_parallel_layout_errors(

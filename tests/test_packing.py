@@ -172,23 +172,75 @@ def test_padding_to_one_shape_keeps_every_response(packed):
         assert tuple(batch.tokens.shape) == (rows, length) == tuple(batch.position_ids.shape)
         if packed:
             assert batch.cu_seqlens[-1] == length and batch.position_ids[0, -3:].tolist()[-1] >= 2
-        for index, got in zip(batch.indices, batch.response_slices(batch.tokens[:, 1:]), strict=True):
+        for index, got in zip(batch.indices, batch.response_slices(next_tokens(batch)), strict=True):
             assert got.tolist() == data["tokens"][index][-data["response_lengths"][index] :]
+
+
+def next_tokens(batch):
+    """Each position's next token in its row (the last position's wraps around and is never read)."""
+    return torch.roll(batch.tokens, -1, dims=1)
 
 
 @pytest.mark.parametrize("packed", [True, False])
 def test_response_slices_select_each_samples_response_tokens(packed):
-    """Position p of a next-token quantity predicts token p + 1: slicing the shifted tokens themselves
-    must give back every sample's response, in either layout."""
+    """Position p predicts token p + 1: the next tokens at each sample's predictors, and its targets,
+    must be its response, in either layout."""
     data = layout_data()
     batches = make_micro_batches(data, consecutive_groups(5, 3), torch.device("cpu"), packed=packed)
     assert [b.packed for b in batches] == [packed, packed]
     assert [len(b.indices) for b in batches] == [3, 2]
     for batch in batches:
-        slices = batch.response_slices(batch.tokens[:, 1:])
-        for index, got in zip(batch.indices, slices, strict=True):
+        assert batch.response_blocks is None
+        slices = batch.response_slices(next_tokens(batch))
+        targets = batch.split_responses(batch.targets)
+        for index, got, target in zip(batch.indices, slices, targets, strict=True):
             response = data["response_lengths"][index]
-            assert got.tolist() == data["tokens"][index][-response:]
+            assert got.tolist() == target.tolist() == data["tokens"][index][-response:]
+
+
+def shared_prompt_data():
+    """Two prompts ([5, 6, 7] and [8, 9]) with three and two samples, interleaved, and one alone."""
+    prompts = [[5, 6, 7], [8, 9], [5, 6, 7], [5, 6, 7], [8, 9], [4]]
+    responses = [[10, 11], [12], [13, 14, 15], [16], [17, 18], [19, 20]]
+    return {
+        "tokens": [p + r for p, r in zip(prompts, responses, strict=True)],
+        "response_lengths": [len(r) for r in responses],
+        "loss_masks": [[1] * len(r) for r in responses],
+        "loss_weights": [1.0] * len(prompts),
+    }
+
+
+def test_shared_prompt_segments_hold_each_prompt_once_at_its_own_positions():
+    """Hand-laid: each prompt once, its responses after it at the positions they have unpacked; every
+    sample's first token is predicted by its prompt's last position, the rest by its own tokens."""
+    data = shared_prompt_data()
+    (batch,) = make_micro_batches(
+        data, [list(range(6))], torch.device("cpu"), pad_to_multiple=4, share_prompts=True
+    )
+    assert batch.tokens[0].tolist() == [5, 6, 7, 10, 11, 13, 14, 15, 16, 8, 9, 12, 17, 18, 4, 19, 20, 0, 0, 0]
+    assert batch.position_ids[0].tolist() == [0, 1, 2, 3, 4, 3, 4, 5, 3, 0, 1, 2, 2, 3, 0, 1, 2, 0, 1, 2]
+    assert batch.response_blocks.tolist() == [0, 0, 0, 1, 1, 2, 2, 2, 3, 0, 0, 1, 2, 2, 0, 1, 1, 0, 0, 0]
+    assert batch.cu_seqlens.tolist() == [0, 9, 14, 17, 20] and batch.max_seqlen == 9
+    predictors = [c.tolist() for c in batch.split_responses(batch.predictor_columns)]
+    assert predictors == [[2, 3], [10], [2, 5, 6], [2], [10, 12], [14, 15]]
+    assert batch.split_responses(batch.targets)[2].tolist() == [13, 14, 15]
+    assert batch.indices == list(range(6)) and batch.total_lengths == [5, 3, 6, 4, 4, 3]
+
+
+def test_shared_prompt_mask_lets_a_response_see_its_prompt_and_itself():
+    from slime.backends.megatron.packed_attention import rows_of
+
+    (batch,) = make_micro_batches(
+        shared_prompt_data(), [list(range(6))], torch.device("cpu"), share_prompts=True
+    )
+    rows = rows_of(batch.cu_seqlens, batch.position_ids[0], batch.response_blocks)
+    assert rows.shared and rows.hidden.shape == (3, 1, 9, 9)
+    seen = ~rows.hidden[0, 0]  # segment 0: prompt 0..2, responses at 3..4, 5..7 and 8
+    assert seen[7].nonzero().flatten().tolist() == [0, 1, 2, 5, 6, 7]
+    assert seen[8].nonzero().flatten().tolist() == [0, 1, 2, 8]
+    assert seen[2].nonzero().flatten().tolist() == [0, 1, 2]
+    # the lone sample's segment (2 of 3) is plain causal over its 3 tokens
+    assert (~rows.hidden[2, 0, :3, :3]).tolist() == torch.ones(3, 3).tril().bool().tolist()
 
 
 # ---- on Ray: packed vs padded, dynamic batches over two data-parallel ranks -----------------------
@@ -210,15 +262,29 @@ def varied_data():
     return data
 
 
-def run_group(tiny_models, world=1, extra=()):
+def grouped_data():
+    """Three prompts with three, three and two samples each (of 2..5 response tokens), in order."""
+    gen = torch.Generator().manual_seed(5)
+    data = {"tokens": [], "response_lengths": [], "loss_masks": []}
+    for i, size in enumerate([3, 3, 2]):
+        prompt = torch.randint(3, 99, (6 + 3 * i,), generator=gen).tolist()
+        for j in range(size):
+            response = 2 + (i + j) % 4
+            data["tokens"].append(prompt + torch.randint(3, 99, (response,), generator=gen).tolist())
+            data["response_lengths"].append(response)
+            data["loss_masks"].append([1] * (response - 1) + [j % 2])
+    return data
+
+
+def run_group(tiny_models, world=1, extra=(), make_data=varied_data):
     """Log-probs and one SFT step's metrics, plus every rank's micro-batch count of that step."""
     import ray
     from ray.util.placement_group import remove_placement_group
 
     group, _, pg = make_group(trainer_args(tiny_models["qwen2"], world=world, extra=list(extra)))
     try:
-        log_probs = group.compute_log_probs(varied_data())
-        metrics = group.train(varied_data())[0]
+        log_probs = group.compute_log_probs(make_data())
+        metrics = group.train(make_data())[0]
         counts = ray.get([actor.micro_batch_count.remote() for actor in group.actors])
         if world == 2:
             too_long = varied_data()
@@ -237,7 +303,7 @@ def packed_run(ray_cluster, tiny_models):
 
 
 def assert_same_run(ours, ref, loss_rel):
-    assert len(ours["log_probs"]) == len(ref["log_probs"]) == len(LENGTHS)
+    assert len(ours["log_probs"]) == len(ref["log_probs"])
     for a, b in zip(ours["log_probs"], ref["log_probs"], strict=True):
         assert a.shape == b.shape
         assert (a - b).abs().max().item() <= 1e-6
@@ -261,3 +327,19 @@ def test_dynamic_batches_balance_data_parallel_ranks(packed_run, tiny_models):
     )
     assert dynamic["counts"] == [4, 4]
     assert_same_run(dynamic, packed_run, loss_rel=1e-6)
+
+
+@pytest.mark.e2e
+def test_shared_prompts_give_the_plain_packed_log_probs_loss_and_gradient(ray_cluster, tiny_models):
+    """Micro-batches of 4 over groups of 3, 3 and 2 samples: one segment holds a whole micro-batch
+    (its RoPE must still take the layout's positions), the other mixes prompts; the shared run also
+    recomputes its activations, so the backward pass asks for the layouts again."""
+    flags = ["--micro-batch-size", "4"]
+    plain = run_group(tiny_models, extra=flags, make_data=grouped_data)
+    shared = run_group(
+        tiny_models,
+        extra=[*flags, "--share-prompts-in-train", "--recompute-activations"],
+        make_data=grouped_data,
+    )
+    assert plain["counts"] == shared["counts"] == [2]
+    assert_same_run(shared, plain, loss_rel=1e-6)

@@ -77,9 +77,9 @@ def test_micro_batches_pad_right_and_slice_responses():
     batches = make_micro_batches(data, consecutive_groups(3, 2), torch.device("cpu"), packed=False)
     assert [b.tokens.shape for b in batches] == [torch.Size([2, 3]), torch.Size([1, 4])]
     assert batches[0].tokens.tolist() == [[0, 0, 0], [1, 1, 1]]  # sample 0 padded with id 0
-    per_position = torch.arange(2 * 2).reshape(2, 2).float()  # next-token values at positions 0..1
+    per_position = torch.arange(2 * 3).reshape(2, 3).float()  # values at positions 0..2 of each row
     # sample 0: length 2, 1 response token -> position 0; sample 1: length 3, 2 tokens -> positions 0..1
-    assert [s.tolist() for s in batches[0].response_slices(per_position)] == [[0.0], [2.0, 3.0]]
+    assert [s.tolist() for s in batches[0].response_slices(per_position)] == [[0.0], [3.0, 4.0]]
 
 
 def shape(**kw):

@@ -41,7 +41,7 @@ $PY train.py "${MODEL_ARGS[@]}" "${COMMON_ARGS[@]}" \
    --rollout-num-gpus 1 --actor-num-gpus-per-node 1 \
    --rollout-batch-size 16 --n-samples-per-prompt 8 --num-rollout "$NUM_RL_ROLLOUTS" --micro-batch-size 32 \
    --rollout-temperature 1.0 --rollout-max-response-len 8 --rollout-skip-special-tokens \
-   --advantage-estimator grpo --eps-clip 0.2 \
+   --advantage-estimator grpo --eps-clip 0.2 --share-prompts-in-train \
    --lr 1e-4 --lr-warmup-iters 10 \
    --save "$OUT/ckpt" --save-interval "$NUM_RL_ROLLOUTS" --save-hf "$OUT/grpo" --tb-dir "$OUT/tb/grpo"
 

@@ -49,6 +49,13 @@ def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
         help="Micro-batch layout: thd packs the sequences into one row without padding; bshd pads each.",
     )
     g.add_argument(
+        "--share-prompts-in-train",
+        action="store_true",
+        help="In a packed micro-batch, the samples of one prompt share a single copy of it: the prompt "
+        "is computed once and each response attends to it (same log-probs, loss and gradient; on the "
+        "CPU path's local attention, --transformer-impl local).",
+    )
+    g.add_argument(
         "--use-dynamic-batch-size",
         action="store_true",
         help="Form micro-batches by --max-tokens-per-gpu instead of --micro-batch-size.",

@@ -349,6 +349,7 @@ def _check_parallelism(args: argparse.Namespace) -> None:
     _check_micro_batches(args)
     _check_model_split(args)
     _check_context_parallel(args)
+    _check_shared_prompts(args)
     _check_sequence_parallel(args)
     _check_expert_parallel(args)
 
@@ -433,6 +434,21 @@ def _check_context_parallel(args: argparse.Namespace) -> None:
             f"{cp} is not supported yet: slime does not split micro-batches across context-parallel "
             "ranks, so each would train on whole sequences; use 1 (for long sequences: "
             "--use-dynamic-batch-size --max-tokens-per-gpu N, --recompute-activations)",
+        )
+
+
+def _check_shared_prompts(args: argparse.Namespace) -> None:
+    """A shared prompt's segment needs its own mask and positions, which only slime's packed local
+    attention takes (Transformer Engine's THD attention is causal within each segment)."""
+    if not args.share_prompts_in_train:
+        return
+    if args.qkv_format != "thd":
+        raise ConfigError("--share-prompts-in-train", "shares prompts in packed rows; drop --qkv-format bshd")
+    if args.transformer_impl != "local":
+        raise ConfigError(
+            "--share-prompts-in-train",
+            "needs --transformer-impl local (Transformer Engine's packed attention has no mask for a "
+            "shared prompt); drop the flag or use the local layers",
         )
 
 

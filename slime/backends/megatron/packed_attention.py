@@ -8,10 +8,17 @@ the GPU path) consumes THD natively. megatron-core's local ``DotProductAttention
 local``, the CPU path) refuses ``packed_seq_params``; :class:`PackedDotProductAttention` gives it the
 exact equivalent. Which attention runs is the layer spec's choice (``model.py``); nothing else branches
 on it.
+
+Segments with a shared prompt (``--share-prompts-in-train``, ``batching``) are the local attention's
+alone: their tokens' positions are not their offsets in the segment and their mask is not causal.
+The trainer declares them for the run of a schedule (:func:`shared_prompt_layouts`); the RoPE and the
+attention of every layer then look them up by their ``cu_seqlens``.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -69,12 +76,13 @@ class PackedDotProductAttention(DotProductAttention):
         # THD q/k/v are [T, heads, dim]. Right-padding every sequence to the longest and running the
         # local kernel once over [s, b=n, heads, dim] with its causal mask is exact: a real query at
         # position j only sees keys 0..j of its own sequence, all real; the padded rows are dropped.
+        # A segment with a shared prompt brings its own mask, causal and blind to the other responses.
         rows = packed_rows(packed_seq_params.cu_seqlens_q)
         out = super().forward(
             pad_sequences(query, rows),
             pad_sequences(key, rows),
             pad_sequences(value, rows),
-            None,
+            rows.hidden,
             attn_mask_type,
             attention_bias,
         )
@@ -86,27 +94,66 @@ class PackedRows:
     """Where each token of a packed row goes in the right-padded ``[max_len, num_seqs]`` layout."""
 
     cu_seqlens: torch.Tensor  # the boundaries these rows were computed from
-    position: torch.Tensor  # [T]: each packed token's position in its own sequence
-    index: torch.Tensor  # [T]: position * num_seqs + sequence, per packed token
+    position: torch.Tensor  # [T]: each packed token's RoPE position
+    index: torch.Tensor  # [T]: offset in its segment * num_seqs + segment, per packed token
     max_len: int
     num_seqs: int
+    hidden: torch.Tensor | None = None  # [num_seqs, 1, max_len, max_len]: True where a key is hidden
+    shared: bool = False  # the segments share prompts: positions and mask are the layout's own
 
 
-_last_rows: list[PackedRows] = []
-
-
-def packed_rows(cu_seqlens: torch.Tensor) -> PackedRows:
-    """The rows of ``cu_seqlens``; every layer's attention and RoPE (queries and keys) of a micro-batch
-    ask for the same boundaries tensor, so the last answer is kept and given again for it."""
-    if _last_rows and _last_rows[0].cu_seqlens is cu_seqlens:
-        return _last_rows[0]
+def rows_of(
+    cu_seqlens: torch.Tensor, positions: torch.Tensor | None = None, blocks: torch.Tensor | None = None
+) -> PackedRows:
+    """The padded layout of ``cu_seqlens``'s segments; given the tokens' ``positions`` and response
+    ``blocks`` (``MicroBatch.response_blocks``), also the mask of their shared prompts: a query sees
+    the keys at or before it that are in a prompt or in its own response."""
     lengths = cu_seqlens[1:] - cu_seqlens[:-1]
     num_seqs = len(lengths)
     sequence = torch.repeat_interleave(torch.arange(num_seqs, device=cu_seqlens.device), lengths)
-    position = torch.arange(int(cu_seqlens[-1]), device=cu_seqlens.device) - cu_seqlens[sequence]
-    rows = PackedRows(cu_seqlens, position, position * num_seqs + sequence, int(lengths.max()), num_seqs)
+    offset = torch.arange(int(cu_seqlens[-1]), device=cu_seqlens.device) - cu_seqlens[sequence]
+    index = offset * num_seqs + sequence
+    max_len = int(lengths.max())
+    if blocks is None:
+        return PackedRows(cu_seqlens, offset, index, max_len, num_seqs)
+    padded = blocks.new_zeros(max_len * num_seqs).index_copy(0, index, blocks).view(max_len, num_seqs).T
+    columns = torch.arange(max_len, device=blocks.device)
+    later = columns[None, :] > columns[:, None]
+    key, query = padded[:, None, :], padded[:, :, None]
+    hidden = later[None] | ((key != 0) & (key != query))
+    return PackedRows(cu_seqlens, positions, index, max_len, num_seqs, hidden[:, None], shared=True)
+
+
+_last_rows: list[PackedRows] = []
+_shared_rows: dict[int, PackedRows] = {}
+
+
+def packed_rows(cu_seqlens: torch.Tensor) -> PackedRows:
+    """The rows of ``cu_seqlens``: a declared shared-prompt layout's, else its segments' own. Every
+    layer's attention and RoPE (queries and keys) of a micro-batch ask for the same boundaries tensor,
+    so the last answer is kept and given again for it."""
+    shared = _shared_rows.get(id(cu_seqlens))
+    if shared is not None and shared.cu_seqlens is cu_seqlens:
+        return shared
+    if _last_rows and _last_rows[0].cu_seqlens is cu_seqlens:
+        return _last_rows[0]
+    rows = rows_of(cu_seqlens)
     _last_rows[:] = [rows]
     return rows
+
+
+@contextlib.contextmanager
+def shared_prompt_layouts(batches: Sequence[MicroBatch]) -> Iterator[None]:
+    """Declares the shared-prompt segments of ``batches`` while a schedule runs over them (the
+    recomputation of activations in the backward pass asks for them again)."""
+    for batch in batches:
+        if batch.response_blocks is not None:
+            rows = rows_of(batch.cu_seqlens, batch.position_ids[0], batch.response_blocks)
+            _shared_rows[id(batch.cu_seqlens)] = rows
+    try:
+        yield
+    finally:
+        _shared_rows.clear()
 
 
 def pad_sequences(packed: torch.Tensor, rows: PackedRows) -> torch.Tensor:
@@ -135,13 +182,17 @@ def use_batched_thd_rope() -> None:
         mscale=1.0,
         cp_group=None,
     ):
-        if cp_group is None or cp_group.size() > 1 or freqs.size(0) == int(cu_seqlens[-1]):
+        rows = packed_rows(cu_seqlens)
+        # A shared prompt's positions are the layout's (context parallelism is refused with it).
+        if not rows.shared and (
+            cp_group is None or cp_group.size() > 1 or freqs.size(0) == int(cu_seqlens[-1])
+        ):
             return baseline(
                 t, cu_seqlens, freqs, rotary_interleaved, multi_latent_attention, mscale, cp_group
             )
         return rope_utils._apply_rotary_pos_emb_bshd(
             t.unsqueeze(1),
-            freqs[packed_rows(cu_seqlens).position],
+            freqs[rows.position],
             rotary_interleaved=rotary_interleaved,
             multi_latent_attention=multi_latent_attention,
             mscale=mscale,

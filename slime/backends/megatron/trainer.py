@@ -57,7 +57,7 @@ from slime.backends.megatron.model import (
     wrap_for_training,
 )
 from slime.backends.megatron.offload import TrainerMemory
-from slime.backends.megatron.packed_attention import packed_seq_params
+from slime.backends.megatron.packed_attention import packed_seq_params, shared_prompt_layouts
 from slime.backends.megatron.value_head import attach_value_heads
 from slime.utils.device import distributed_backend, setup_device
 
@@ -156,13 +156,19 @@ class MegatronTrainer:
         The critic's "logits" are values ``[b, s, 1]``; position ``t`` values the state before token ``t+1``,
         aligned with the log-prob of that token."""
         if self.is_critic:
-            return lambda values: (batch.response_slices(values[:, :-1, 0].float()), None)
+            return lambda values: (batch.response_slices(values[..., 0].float()), None)
 
         def from_logits(logits: torch.Tensor):
             logprobs, entropy = token_logprobs_and_entropy(
-                logits[:, :-1], batch.tokens[:, 1:], self.args.vocab_size, temperature, with_entropy
+                batch.at_predictors(logits)[None],
+                batch.targets[None],
+                self.args.vocab_size,
+                temperature,
+                with_entropy,
             )
-            return batch.response_slices(logprobs), (batch.response_slices(entropy) if with_entropy else None)
+            return batch.split_responses(logprobs[0]), (
+                batch.split_responses(entropy[0]) if with_entropy else None
+            )
 
         return from_logits
 
@@ -190,6 +196,7 @@ class MegatronTrainer:
             self.device,
             packed=args.qkv_format == "thd",
             pad_to_multiple=mpu.get_tensor_model_parallel_world_size(),
+            share_prompts=args.share_prompts_in_train,
         )
         if interleaved:
             rows = max(b.tokens.shape[0] for b in batches)
@@ -224,15 +231,16 @@ class MegatronTrainer:
 
             return output, scaled_loss
 
-        return get_forward_backward_func()(
-            forward_step_func=forward_step,
-            data_iterator=[iter(batches) for _ in self.model],
-            model=self.model,
-            num_microbatches=len(batches),
-            seq_length=max(b.tokens.shape[1] for b in batches),
-            micro_batch_size=max(b.tokens.shape[0] for b in batches),
-            forward_only=forward_only,
-        )
+        with shared_prompt_layouts(batches):
+            return get_forward_backward_func()(
+                forward_step_func=forward_step,
+                data_iterator=[iter(batches) for _ in self.model],
+                model=self.model,
+                num_microbatches=len(batches),
+                seq_length=max(b.tokens.shape[1] for b in batches),
+                micro_batch_size=max(b.tokens.shape[0] for b in batches),
+                forward_only=forward_only,
+            )
 
     # ---- calls made by the trainer group ---------------------------------------------------------
 

@@ -53,7 +53,13 @@ Differences between the two setups that remain
 - Work per step. Neither runs a separate old-log-prob pass: with one optimizer step per rollout and
   no KL both use the training forward's own log-probs, detached (ratio exactly 1; slime's
   ``old_log_probs_are_current``, TRL's ``num_iterations=1``). slime's trainer packs the sequences of
-  a micro-batch without padding (``thd``); TRL pads prompts left and completions right.
+  a micro-batch without padding (``thd``) and, with ``--share-prompts-in-train`` (the quickstart's
+  setting), holds each prompt once for all its samples in that micro-batch (4 prompts per micro-batch
+  of 32 here): its forward and backward run over ~250 tokens per micro-batch where TRL's run over
+  ~700 (prompts left-padded, completions right-padded, each of the 8 copies of a prompt computed).
+  slime's engine also prefills each prompt once for its 8 samples (requests with the same tokens in
+  one prefill share it); transformers' ``generate`` prefills all 128 rows. The maths is the same:
+  every token sees the same keys, so log-probs and gradients are those of the unshared layout.
 - Advantages. Both: (r - group mean) / (unbiased group std + eps); eps is 1e-6 in slime and 1e-4 in
   TRL (``scale_rewards="group"``). Groups whose rewards are all equal get 0 in both and are not
   filtered in either (no dynamic sampling).

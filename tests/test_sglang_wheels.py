@@ -274,6 +274,16 @@ def test_the_scheduler_caps_max_new_tokens_to_context_minus_input_minus_two(rele
 
 
 @pytest.mark.parametrize("release", RELEASES)
+def test_a_prefix_hit_counts_at_most_all_but_the_last_input_token_as_cached(release: str) -> None:
+    """The torch engine's ``cached_tokens`` for a request whose prompt it copied (``scheduler._prefill``)
+    is the prompt less one token: ``Req``'s prefix match stops at ``input_len - 1`` so the last token is
+    computed (``schedule_batch.py``), and ``cached_tokens`` adds up the matched tokens."""
+    text = (source(release) / "managers" / "schedule_batch.py").read_text()
+    assert "max_prefix_len = input_len - 1" in text
+    assert "self.cached_tokens = 0" in text
+
+
+@pytest.mark.parametrize("release", RELEASES)
 def test_an_abort_by_rid_reaches_only_known_requests_and_from_0_5_20_only_once(release: str) -> None:
     """What the rollout's abort by rid (``RolloutClient.abort``) and its fall back to ``abort_all``
     rely on, in ``TokenizerManager``: ``generate_request`` registers a request (``_init_req_state``)

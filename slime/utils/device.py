@@ -177,6 +177,16 @@ def has_gpu() -> bool:
 
 
 @functools.cache
+def _no_compile_on_cpu() -> None:
+    """megatron-core wraps a few element-wise helpers in ``torch.compile`` (``megatron.core.jit.jit_fuser``:
+    the MoE router's expert-bias update, gelu variants, L2 norm). On the CPU, inductor builds C++ for
+    each at its first call: about 28 s of gcc in one DeepSeek-V3 run (2026-12-02), for kernels over a
+    few hundred elements. They run eagerly here, the same maths."""
+    import torch._dynamo
+
+    torch._dynamo.config.disable = True
+
+
 def setup_device(local_rank: int = 0) -> torch.device:
     """Returns the device this process computes on, redirecting megatron-core once when it is the CPU."""
     global _cpu_mode
@@ -185,6 +195,7 @@ def setup_device(local_rank: int = 0) -> torch.device:
         return torch.device("cuda", torch.cuda.current_device())
     _quiet_cpu_noise()
     _patch_torch_cuda()
+    _no_compile_on_cpu()
     _cpu_mode = _CudaToCpuMode()
     _cpu_mode.__enter__()
     return torch.device("cpu")

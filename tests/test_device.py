@@ -1,0 +1,31 @@
+"""The CPU seam of ``slime.utils.device``, checked in a process of its own (it changes torch globally)."""
+
+import subprocess
+import sys
+
+PROBE = """
+import torch
+from slime.utils.device import setup_device
+
+compiled = []
+
+def backend(graph, example_inputs):
+    compiled.append(graph)
+    return graph.forward
+
+@torch.compile(backend=backend)
+def bias_update(counts):
+    return (counts.float() - counts.float().mean()).sign()
+
+assert setup_device().type == "cpu"
+out = bias_update(torch.tensor([3, 1, 2, 2]))
+print(len(compiled), out.tolist())
+"""
+
+
+def test_torch_compile_runs_eagerly_on_the_cpu():
+    """megatron-core's ``jit_fuser`` is ``torch.compile``: on the CPU its helpers must run as plain torch,
+    not be handed to a compiler backend (inductor built C++ for 28 s in a DeepSeek-V3 run)."""
+    result = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[0] == "0 [1.0, -1.0, 0.0, 0.0]"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import threading
 import time
 from collections.abc import Callable
 
@@ -104,14 +105,17 @@ def wait_for_work(
     if stop is None:
         work.wait(datetime.timedelta(seconds=timeout_s))
         return
+    # Woken by the collective's own future, not by the poll: a fixed sleep added up to a poll interval
+    # to every bucket on both sides of the push (the quickstart's push is one bucket of 2 MB).
+    finished = threading.Event()
+    work.get_future().add_done_callback(lambda _: finished.set())
     deadline = time.monotonic() + timeout_s
-    while not work.is_completed():
+    while not finished.wait(POLL_S):
         failure = stop()
         if failure is not None:
             raise failure
         if time.monotonic() >= deadline:
             raise TimeoutError(f"a weight-update collective did not finish within {timeout_s:.0f} s")
-        time.sleep(POLL_S)
     work.wait(datetime.timedelta(seconds=timeout_s))  # raises the collective's own error, if any
 
 

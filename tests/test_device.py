@@ -29,3 +29,23 @@ def test_torch_compile_runs_eagerly_on_the_cpu():
     result = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split("\n")[0] == "0 [1.0, -1.0, 0.0, 0.0]"
+
+
+MEGATRON_PROBE = """
+import sys
+import torch
+compile_ = torch.compile
+import slime.backends.megatron
+from megatron.core.activations import squared_relu
+print(torch.compile is compile_, "torch._inductor" in sys.modules, hasattr(squared_relu, "__wrapped__"))
+"""
+
+
+def test_megatron_core_is_imported_without_torch_compile_on_the_cpu():
+    """Its ``@jit_fuser`` helpers are plain functions (not dynamo wrappers), inductor is never imported
+    (2.1 s of every trainer process's start), and ``torch.compile`` is torch's own again afterwards."""
+    result = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", MEGATRON_PROBE], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[0] == "True False False"

@@ -19,6 +19,7 @@ import contextlib
 import functools
 import logging
 import os
+import sys
 import warnings
 from typing import Any
 
@@ -176,17 +177,44 @@ def has_gpu() -> bool:
     return os.environ.get("SLIME_FORCE_CPU", "0") != "1" and torch.cuda.is_available()
 
 
-@functools.cache
+def import_megatron_core() -> None:
+    """Imports megatron-core; on the CPU with its ``jit_fuser`` left as the plain function.
+
+    megatron-core binds ``megatron.core.jit.jit_fuser`` to ``torch.compile`` at import and decorates a
+    few element-wise helpers with it (the MoE router's expert-bias update, gelu variants, L2 norm).
+    On the CPU that costs twice: importing dynamo and inductor was 2.1 s of megatron-core's 5 s import
+    in every trainer process, and inductor builds C++ at a helper's first call (28 s of gcc in one
+    DeepSeek-V3 run; 2026-12-02, 2 cores), for kernels over a few hundred elements. So megatron-core is
+    imported here, before anything else in the process does (``slime.backends.megatron`` calls this
+    first), with ``torch.compile`` returning what it is given; a process that imported it some other
+    way gets dynamo disabled by ``setup_device`` instead. The helpers run eagerly: the same maths.
+    """
+    if has_gpu() or "megatron.core.jit" in sys.modules:
+        import megatron.core.jit
+
+        return
+    compile_ = torch.compile
+    torch.compile = _as_is
+    try:
+        import megatron.core.jit  # noqa: F401
+    finally:
+        torch.compile = compile_
+
+
+def _as_is(model: Any = None, **_options: Any) -> Any:
+    """``torch.compile``'s signature, compiling nothing: ``@_as_is`` and ``@_as_is(...)`` keep a function."""
+    return model if model is not None else _as_is
+
+
 def _no_compile_on_cpu() -> None:
-    """megatron-core wraps a few element-wise helpers in ``torch.compile`` (``megatron.core.jit.jit_fuser``:
-    the MoE router's expert-bias update, gelu variants, L2 norm). On the CPU, inductor builds C++ for
-    each at its first call: about 28 s of gcc in one DeepSeek-V3 run (2026-12-02), for kernels over a
-    few hundred elements. They run eagerly here, the same maths."""
-    import torch._dynamo
-
-    torch._dynamo.config.disable = True
+    """See ``import_megatron_core``: for a process whose megatron-core was imported with torch.compile
+    (which imported dynamo; without it, nothing here was compiled)."""
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None:
+        dynamo.config.disable = True
 
 
+@functools.cache
 def setup_device(local_rank: int = 0) -> torch.device:
     """Returns the device this process computes on, redirecting megatron-core once when it is the CPU."""
     global _cpu_mode

@@ -317,6 +317,10 @@ def test_sixteen_concurrent_requests_queue_and_join_a_running_batch(engine, hf):
             logits = model(torch.tensor([ids])).logits[0, len(prompts[i]) - 1 : -1]
         logits[:, tokenizer.eos_token_id] = float("-inf")
         assert reply["output_ids"] == logits.argmax(-1).tolist(), i
+        # The log-probs see every earlier key: a request moved to another slot took its own along.
+        expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(reply["output_ids"])[:, None])[:, 0]
+        got = torch.tensor([value for value, _, _ in reply["meta_info"]["output_token_logprobs"]])
+        torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
     after = requests.get(f"{engine}/get_server_info").json()["internal_states"][0]
     assert after["max_running_seen"] == MAX_RUNNING  # the limit held, the rest queued
     assert after["joined_running_batch"] > before["joined_running_batch"]  # late requests joined decoding

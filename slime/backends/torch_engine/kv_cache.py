@@ -11,8 +11,9 @@ per layer) and keeps its tokens at columns `0 .. len-1`, i.e. column == position
 - a decode step writes each request's new key/value at its own column (one scatter per layer), and
   attention runs over columns `0 .. max(len)` with a mask that hides each row's columns past its own
   position;
-- a finished request leaves by moving the last slot into its hole (a copy of one request's KV), so the
-  running batch is always the contiguous rows `0 .. n-1` and the model sees views, never copies.
+- finished requests leave by moving the running requests past the new end into their holes (one
+  copy per layer for all of them), so the running batch is always the contiguous rows `0 .. n-1`
+  and the model sees views, never copies.
 
 The scheduler states what the next forward does through `ForwardPlan`; the model calls `update()` per
 layer exactly as it would on a DynamicCache. Buffers grow by doubling and are dropped by `clear()`.
@@ -121,11 +122,6 @@ class _SlotLayer(CacheLayerMixin):
         self.keys[targets, :, :length] = self.keys[sources, :, :length]
         self.values[targets, :, :length] = self.values[sources, :, :length]
 
-    def move_row(self, src: int, dst: int, length: int) -> None:
-        if self.is_initialized and length > 0:
-            self.keys[dst, :, :length] = self.keys[src, :, :length]
-            self.values[dst, :, :length] = self.values[src, :, :length]
-
     def reset(self) -> None:
         self.keys = self.values = None
         self.is_initialized = False
@@ -155,15 +151,11 @@ class SlotKVCache(Cache):
         self.plan.kv_length = kv_length
         self.plan.decode_positions = positions
 
-    def move_row(self, src: int, dst: int, length: int) -> None:
-        """Copy the first `length` columns of slot `src` into slot `dst` (a request changes slot)."""
-        for layer in self.layers:
-            layer.move_row(src, dst, length)
-
     def copy_rows(self, copies: list[tuple[int, int, int]]) -> None:
         """For each ``(source, target, length)``: slot ``target`` gets the first ``length`` columns of
-        slot ``source``, which this prefill has just filled (a request with the same tokens)."""
-        if not copies:
+        slot ``source`` (a request with the same tokens, just prefilled; or one that changes slot).
+        No target is also a source."""
+        if not copies or not self.layers[0].is_initialized:
             return
         sources = torch.tensor([c[0] for c in copies])
         targets = torch.tensor([c[1] for c in copies])

@@ -251,11 +251,11 @@ class Scheduler:
             request.aborted_in_queue = True
             self._finish(request, protocol.finish_abort_queued(queued_message or message))
             count += 1
-        for request in sorted((r for r in self.running if match(r)), key=lambda r: -r.slot):
-            self._remove_running(request)
+        leaving = [r for r in self.running if match(r)]
+        self._remove_running(leaving)
+        for request in leaving:
             self._finish(request, protocol.finish_abort(message))
-            count += 1
-        return count
+        return count + len(leaving)
 
     # The control operations below are called through `call()`, so they run on this thread.
 
@@ -360,8 +360,8 @@ class Scheduler:
                 request.cached_tokens = len(request.input_ids) - 1
             last.append(row_logits)
         zero_budget = [r for r in batch if r.max_new_tokens == 0]
-        for request in sorted(zero_budget, key=lambda r: -r.slot):
-            self._remove_running(request)
+        self._remove_running(zero_budget)
+        for request in zero_budget:
             self._finish(request, protocol.finish_length(0))
         rows = [i for i, r in enumerate(batch) if r.max_new_tokens > 0]
         if rows:
@@ -402,8 +402,8 @@ class Scheduler:
                 finished.append((request, reason))
         self.stats.decode_tokens += len(requests)
         self._throughput_window.append((time.perf_counter(), len(requests)))
-        for request, reason in sorted(finished, key=lambda item: -item[0].slot):
-            self._remove_running(request)
+        self._remove_running([request for request, _ in finished])
+        for request, reason in finished:
             self._finish(request, reason)
 
     def _check_finished(self, request: Request, token: int) -> dict[str, Any] | None:
@@ -419,15 +419,24 @@ class Scheduler:
             return protocol.finish_length(request.max_new_tokens)
         return None
 
-    def _remove_running(self, request: Request) -> None:
-        """Free the request's slot, moving the last running request into it (keeps rows contiguous)."""
-        index = request.slot
-        last = self.running.pop()
-        if last is not request:
-            self.running[index] = last
-            self.runner.cache.move_row(last.slot, index, last.kv_len)
-            last.slot = index
-        request.slot = -1
+    def _remove_running(self, leaving: list[Request]) -> None:
+        """Free the slots of ``leaving``; running requests past the new end move into the holes below
+        it, all in one copy per layer (rows stay contiguous: the model sees views, never copies)."""
+        if not leaving:
+            return
+        gone = {r.slot for r in leaving}
+        end = len(self.running) - len(gone)
+        holes = sorted(slot for slot in gone if slot < end)
+        movers = [r for r in self.running[end:] if r.slot not in gone]
+        moves = []
+        for hole, request in zip(holes, movers, strict=True):
+            moves.append((request.slot, hole, request.kv_len))
+            self.running[hole] = request
+            request.slot = hole
+        del self.running[end:]
+        for request in leaving:
+            request.slot = -1
+        self.runner.cache.copy_rows(moves)
 
     def _finish(self, request: Request, reason: dict[str, Any]) -> None:
         request.finish_reason = reason

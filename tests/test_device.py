@@ -35,7 +35,8 @@ MEGATRON_PROBE = """
 import sys
 import torch
 compile_ = torch.compile
-import slime.backends.megatron
+from slime.utils.device import import_megatron_core
+import_megatron_core()  # what a trainer rank does first (TrainerActor.init)
 from megatron.core.activations import squared_relu
 print(torch.compile is compile_, "torch._inductor" in sys.modules, hasattr(squared_relu, "__wrapped__"))
 """

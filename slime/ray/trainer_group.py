@@ -27,7 +27,7 @@ from slime.backends.megatron.batching import TrainData, check_token_budget
 from slime.backends.megatron.policy_inputs import DataParallel, PolicyInputs, step_shard
 from slime.ray.cluster import actor_gpus
 from slime.ray.errors import TrainerFailure
-from slime.utils.device import worker_env
+from slime.utils.device import import_megatron_core, worker_env
 from slime.utils.http import free_port
 from slime.weight_sync.engine_client import EngineCallError
 from slime.weight_sync.settings import WeightSyncSettings
@@ -71,6 +71,7 @@ class TrainerActor:
 
     def init(self, master_addr: str, master_port: int) -> int | None:
         """Builds the model from ``--hf-checkpoint``, resumes ``--load``; returns the loaded rollout id."""
+        import_megatron_core()  # first in this process: see there
         from slime.backends.megatron.trainer import MegatronTrainer
 
         with self._memory_region("weights"):

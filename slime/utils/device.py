@@ -184,10 +184,10 @@ def import_megatron_core() -> None:
     few element-wise helpers with it (the MoE router's expert-bias update, gelu variants, L2 norm).
     On the CPU that costs twice: importing dynamo and inductor was 2.1 s of megatron-core's 5 s import
     in every trainer process, and inductor builds C++ at a helper's first call (28 s of gcc in one
-    DeepSeek-V3 run; 2026-12-02, 2 cores), for kernels over a few hundred elements. So megatron-core is
-    imported here, before anything else in the process does (``slime.backends.megatron`` calls this
-    first), with ``torch.compile`` returning what it is given; a process that imported it some other
-    way gets dynamo disabled by ``setup_device`` instead. The helpers run eagerly: the same maths.
+    DeepSeek-V3 run; 2026-12-02, 2 cores), for kernels over a few hundred elements. So a trainer rank
+    imports megatron-core here before anything else does (``TrainerActor.init``), with ``torch.compile``
+    returning what it is given; a process that imported it some other way (a test, a benchmark) gets
+    dynamo disabled by ``setup_device`` instead. The helpers run eagerly: the same maths.
     """
     if has_gpu() or "megatron.core.jit" in sys.modules:
         import megatron.core.jit

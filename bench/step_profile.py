@@ -31,8 +31,9 @@ Two views of the same step (16 prompts x 8 samples, 8 new tokens, one optimizer 
      ``old_log_probs_are_current``);
    - ``forward_backward`` / ``optimizer``: one train step of the Megatron trainer in this process;
    - ``packed_attention`` / ``packed_attention_per_sequence``: the core attention of one packed
-     micro-batch (forward and backward), as run now (one right-padded batch) and as one call per
-     sequence (how it ran before); their ratio is that change's speed-up.
+     micro-batch (forward and backward), as run now (one right-padded batch through torch's fused
+     attention) and as one local-attention call per sequence (how it ran first); their ratio is
+     what the two changes gained.
 
     .venv/bin/python bench/step_profile.py                  # 30 rollouts, seed 0
     .venv/bin/python bench/step_profile.py --num-rollout 15 --repeats 5

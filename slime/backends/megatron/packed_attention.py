@@ -78,15 +78,45 @@ class PackedDotProductAttention(DotProductAttention):
         # position j only sees keys 0..j of its own sequence, all real; the padded rows are dropped.
         # A segment with a shared prompt brings its own mask, causal and blind to the other responses.
         rows = packed_rows(packed_seq_params.cu_seqlens_q)
-        out = super().forward(
-            pad_sequences(query, rows),
-            pad_sequences(key, rows),
-            pad_sequences(value, rows),
-            rows.hidden,
-            attn_mask_type,
-            attention_bias,
-        )
+        padded = [pad_sequences(t, rows) for t in (query, key, value)]
+        if self._fused_applies(query, attention_bias):
+            out = self._fused(*padded, rows.hidden)
+        else:
+            out = super().forward(*padded, rows.hidden, attn_mask_type, attention_bias)
         return out.flatten(0, 1)[rows.index].unsqueeze(1)
+
+    def _fused_applies(self, query: torch.Tensor, attention_bias: torch.Tensor | None) -> bool:
+        """Where torch's fused attention computes what megatron-core's local kernel does: fp32, no
+        attention bias or dropout, no learnable softmax offset, no sliding window, and no query-key
+        layer scaling (its ``coeff`` only matters in half precision)."""
+        softmax = self.scale_mask_softmax
+        return (
+            query.dtype == torch.float32
+            and attention_bias is None
+            and (self.attention_dropout.p == 0.0 or not self.training)
+            and self.softmax_offset is None
+            and softmax.scale is None
+            and getattr(softmax, "window_size", None) is None
+        )
+
+    def _fused(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, hidden: torch.Tensor | None
+    ) -> torch.Tensor:
+        """``[s, b, heads, dim]`` q/k/v (fewer key/value heads under GQA, each shared by consecutive
+        query heads, as megatron-core repeats them) -> ``[s, b, heads * value dim]``. One op forward
+        and backward where the local kernel runs about ten: this attention was 10% of a quickstart
+        train step (py-spy, 2026-12-02). Causal without ``hidden``, else what it leaves visible."""
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, dim]
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=None if hidden is None else ~hidden,
+            is_causal=hidden is None,
+            scale=self.softmax_scale,
+            enable_gqa=k.shape[1] != q.shape[1],
+        )
+        return out.permute(2, 0, 1, 3).reshape(query.shape[0], query.shape[1], -1)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ import torch
 from megatron.core.models.common.embeddings import rope_utils
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.dot_product_attention import DotProductAttention
+from megatron.core.transformer.enums import AttnMaskType
 
 from slime.backends.megatron.batching import MicroBatch
 
@@ -86,12 +87,14 @@ class PackedDotProductAttention(DotProductAttention):
         return out.flatten(0, 1)[rows.index].unsqueeze(1)
 
     def _fused_applies(self, query: torch.Tensor, attention_bias: torch.Tensor | None) -> bool:
-        """Where torch's fused attention computes what megatron-core's local kernel does: fp32, no
-        attention bias or dropout, no learnable softmax offset, no sliding window, and no query-key
-        layer scaling (its ``coeff`` only matters in half precision)."""
+        """Where torch's fused attention computes what megatron-core's local kernel does: a causal
+        layer (the kernel masks causally only then; ``_fused`` does without a mask of its own), fp32,
+        no attention bias or dropout, no learnable softmax offset, no sliding window, and no
+        query-key layer scaling (its ``coeff`` only matters in half precision)."""
         softmax = self.scale_mask_softmax
         return (
-            query.dtype == torch.float32
+            self.attn_mask_type == AttnMaskType.causal
+            and query.dtype == torch.float32
             and attention_bias is None
             and (self.attention_dropout.p == 0.0 or not self.training)
             and self.softmax_offset is None

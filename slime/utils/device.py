@@ -189,12 +189,9 @@ def import_megatron_core() -> None:
     returning what it is given; a process that imported it some other way (a test, a benchmark) gets
     dynamo disabled by ``setup_device`` instead. The helpers run eagerly: the same maths.
     """
-    if has_gpu() or "megatron.core.jit" in sys.modules:
-        import megatron.core.jit
-
-        return
     compile_ = torch.compile
-    torch.compile = _as_is
+    if not has_gpu():  # where megatron-core is imported already, this import changes nothing
+        torch.compile = _as_is
     try:
         import megatron.core.jit  # noqa: F401
     finally:

@@ -154,12 +154,12 @@ def engine_parts(work: Path, sft: Path, repeats: int) -> dict[str, float]:
     from slime.backends.engine_server import start_engine_server
     from slime.backends.torch_engine.launcher import serving
     from slime.rollout.router import Router
-    from slime.utils.device import worker_env
+    from slime.utils.device import engine_env
 
     groups = step_groups(work, sft)
     logs = work / "logs"
     flags = ["--log-level", "warning", "--random-seed", "0"]
-    env = worker_env(processes_per_node=1)  # the engine's threads in a run
+    env = engine_env(engines_per_node=1)  # the engine's threads in a run
     engine = start_engine_server(
         "torch engine", serving(sft, *flags), logs / "profile_engine.log", timeout_s=300, env=env
     )

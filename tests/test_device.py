@@ -50,3 +50,20 @@ def test_megatron_core_is_imported_without_torch_compile_on_the_cpu():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split("\n")[0] == "True False False"
+
+
+def test_cpu_worker_threads_split_the_cores_and_engines_leave_one_to_the_http_path(monkeypatch):
+    """Trainers share a node's cores; engines share them less one, which their HTTP path (server
+    thread, router, rollout manager) uses beside each forward; never fewer than one thread."""
+    from slime.utils import device
+
+    monkeypatch.setattr(device, "has_gpu", lambda: False)
+    monkeypatch.delenv("SLIME_WORKER_THREADS", raising=False)
+    threads = lambda env: int(env["OMP_NUM_THREADS"])  # noqa: E731
+    cases = [(2, 1, 2, 1), (2, 2, 1, 1), (16, 1, 16, 15), (16, 2, 8, 7), (1, 1, 1, 1)]
+    for cores, per_node, trainer, engine in cases:
+        monkeypatch.setattr(device.os, "cpu_count", lambda cores=cores: cores)
+        assert threads(device.worker_env(per_node)) == trainer
+        assert threads(device.engine_env(per_node)) == engine
+    monkeypatch.setenv("SLIME_WORKER_THREADS", "3")
+    assert threads(device.engine_env(1)) == 3

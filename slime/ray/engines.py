@@ -255,12 +255,12 @@ class EnginePool:
                 f"{len(bundle_indices)} rollout bundles do not split into engines of "
                 f"--rollout-num-gpus-per-engine {per_engine}"
             )
-        from slime.utils.device import worker_env
+        from slime.utils.device import engine_env
 
         self.args, self.pg, self.log_dir = args, pg, log_dir
         num_engines = len(bundle_indices) // per_engine
         per_node = max(1, min(num_engines, args.num_gpus_per_node // per_engine))
-        self._env = worker_env(processes_per_node=per_node)
+        self._env = engine_env(engines_per_node=per_node)
         if per_engine == 1:  # one bundle per engine: nothing to group, no need to locate bundles
             self.engines = [[EngineNode(rank, 1, index)] for rank, index in enumerate(bundle_indices)]
         else:

@@ -37,16 +37,19 @@ Writes bench/results/peer_trl.json.
 
 Differences between the two setups that remain
 ----------------------------------------------
-- Architecture. slime runs Ray (GCS, raylet, workers), one Megatron-core trainer actor (gloo), one
+- Architecture. slime runs Ray (GCS, raylet, workers), two Megatron-core trainer actors (gloo), one
   torch engine server (continuous batching over a slot KV cache, up to 256 running requests) behind
   sglang-router, prompts and replies over HTTP (keep-alive connections across rollouts), and pushes
   the weights to the engine after every step. TRL runs one process: HF ``model.generate`` on the
   training model itself (one left-padded batch of all 128 sequences, transformers' own dynamic KV
   cache), no copy of the weights.
 - Cores. On the CPU slime splits the cores between the worker processes of a node
-  (``OMP_NUM_THREADS`` = cores / workers of that kind per node, ``slime.utils.device.worker_env``:
-  2 threads each for the one engine and the one trainer here, which take turns in the synchronous
-  loop); TRL's process uses torch's default thread count (all cores, ``torch_threads`` in the result).
+  (``OMP_NUM_THREADS`` = cores / workers of that kind per node, ``slime.utils.device.worker_env``;
+  an engine leaves one core to its HTTP path, ``engine_env``): here the trainer is 2 data-parallel
+  ranks of one thread each (the quickstart's ``--actor-num-gpus-per-node 2``; each rank runs 2 of
+  the step's 4 micro-batches of 32 and the gradients are averaged, the maths of one rank running all
+  4) and the engine has one thread; the two take turns in the synchronous loop. TRL's one process
+  uses torch's default thread count (all cores, ``torch_threads`` in the result).
 - Models. slime trains Megatron-core's GPT model (the HF weights converted, sequences packed) and
   samples with the transformers model inside its engine; TRL trains and samples with the same
   transformers Qwen2 model (SDPA attention). Both fp32, so only kernel-level numerics differ.
@@ -119,6 +122,7 @@ sys.path.insert(0, str(REPO))
 PROMPTS_PER_STEP = 16
 SAMPLES_PER_PROMPT = 8
 SAMPLES_PER_STEP = PROMPTS_PER_STEP * SAMPLES_PER_PROMPT
+TRAINER_RANKS = 2  # run.sh's --actor-num-gpus-per-node: data-parallel trainer ranks, one thread each
 MAX_RESPONSE_LEN = 8
 LR_WARMUP_STEPS = 10
 EVAL_SAMPLES_PER_PROMPT = 4
@@ -279,7 +283,7 @@ def run_ours(
         *model_args(), *common_args(seed),
         "--hf-checkpoint", str(sft),
         "--prompt-data", str(work / "data/train.jsonl"), "--label-key", "label", "--rm-type", "exact",
-        "--rollout-num-gpus", "1", "--actor-num-gpus-per-node", "1",
+        "--rollout-num-gpus", "1", "--actor-num-gpus-per-node", str(TRAINER_RANKS),
         "--rollout-batch-size", str(PROMPTS_PER_STEP), "--n-samples-per-prompt", str(SAMPLES_PER_PROMPT),
         "--num-rollout", str(opts.num_steps), "--micro-batch-size", "32",
         "--rollout-temperature", "1.0", "--rollout-max-response-len", str(MAX_RESPONSE_LEN),

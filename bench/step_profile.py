@@ -29,7 +29,8 @@ Two views of the same step (16 prompts x 8 samples, 8 new tokens, one optimizer 
    - ``old_log_prob_pass``: the trainer's separate no-grad forward over the rollout (on a rollout
      dumped by a second, 2-rollout run; the pass is skipped where it cannot differ, see
      ``old_log_probs_are_current``);
-   - ``forward_backward`` / ``optimizer``: one train step of the Megatron trainer in this process;
+   - ``forward_backward`` / ``optimizer``: one train step of the Megatron trainer in this process
+     (one rank running all 4 micro-batches; the stack's 2 data-parallel ranks run 2 each);
    - ``packed_attention`` / ``packed_attention_per_sequence``: the core attention of one packed
      micro-batch (forward and backward), as run now (one right-padded batch through torch's fused
      attention) and as one local-attention call per sequence (how it ran first); their ratio is

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # CPU quickstart: make a tiny model and a "sort the digits" task, warm the model up with SFT, then
 # train it with GRPO through the full stack (Ray, Megatron trainer on gloo, torch engine behind
-# sglang-router, weight sync after every step). Writes everything under $OUT (outputs/quickstart).
+# sglang-router, weight sync after every step). On the CPU a "GPU" is a worker process: the GRPO
+# phase trains on 2 data-parallel ranks of one thread each (megatron-core's per-op Python work then
+# runs on both cores; the global batch and the maths are those of one rank).
+# Writes everything under $OUT (outputs/quickstart).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=.venv/bin/python
@@ -38,7 +41,7 @@ $PY train.py "${MODEL_ARGS[@]}" "${COMMON_ARGS[@]}" \
    --hf-checkpoint "$OUT/sft" \
    --prompt-data "$OUT/data/train.jsonl" --label-key label --rm-type exact \
    --eval-prompt-data sort "$OUT/data/eval.jsonl" --eval-interval 50 --n-samples-per-eval-prompt 1 \
-   --rollout-num-gpus 1 --actor-num-gpus-per-node 1 \
+   --rollout-num-gpus 1 --actor-num-gpus-per-node 2 \
    --rollout-batch-size 16 --n-samples-per-prompt 8 --num-rollout "$NUM_RL_ROLLOUTS" --micro-batch-size 32 \
    --rollout-temperature 1.0 --rollout-max-response-len 8 --rollout-skip-special-tokens \
    --advantage-estimator grpo --eps-clip 0.2 --share-prompts-in-train \

@@ -29,7 +29,7 @@ from examples.multi_turn_tool.calculator import tool_reply
 from slime.config import parse_args
 from slime.config.eval_config import resolve_eval_set
 from slime.ray.rollout_manager import rollout_metrics, samples_to_train_data
-from slime.rollout import engine_control
+from slime.rollout import engine_control, sglang_rollout
 from slime.rollout.data_source import PromptDataSource
 from slime.rollout.errors import RolloutError
 from slime.rollout.evaluation import EvalSet
@@ -339,10 +339,11 @@ def test_partial_rollout_resumes_aborted_samples_as_the_concatenation_of_both_pa
     assert masked > 0 and second.metrics["rollout/offpolicy_masked_tokens"] == masked
 
 
-def test_max_new_tokens_is_capped_to_the_engines_context_length(rollout, tiny_models):
+def test_max_new_tokens_is_capped_to_the_engines_context_length(rollout, tiny_models, monkeypatch):
     """Prompts of 508 and 600 tokens on engines of context 512 with a budget of 64: before, each was
     an HTTP 400 that stopped the run. Now the first gets the tokens that fit (TRUNCATED), the
-    second none (TRUNCATED without a request), and both are counted."""
+    second none (TRUNCATED without a request), and both are counted. EOS is banned until the capped
+    budget (``min_new_tokens``), so that the untrained model cannot finish the first early."""
     _, urls, router_url = rollout
     assert engine_control.context_length(urls) == 512  # GET /v1/models max_model_len
     args = control_args(tiny_models["qwen2"], router_url, "--rollout-batch-size", "2")
@@ -354,10 +355,14 @@ def test_max_new_tokens_is_capped_to_the_engines_context_length(rollout, tiny_mo
     ]
     prompt_lengths = [len(group[0].tokens) for group in groups]
     assert prompt_lengths[0] <= 508 and prompt_lengths[1] >= 512
+    capped = 512 - prompt_lengths[0] - 2
+    monkeypatch.setattr(
+        sglang_rollout, "sampling_params", lambda *a: sampling_params(*a) | {"min_new_tokens": capped}
+    )
     output = asyncio.run(generate_groups(args, groups, router_url))
     fitted, overlong = output
     # SGLang's scheduler keeps max_new_tokens <= context - input - 2 (init_req_max_new_tokens)
-    assert all(s.response_length == 512 - prompt_lengths[0] - 2 for s in fitted)
+    assert all(s.response_length == capped for s in fitted)
     assert all(s.response_length == 0 and s.rollout_log_probs == [] for s in overlong)
     for sample in (*fitted, *overlong):
         assert sample.status is Sample.Status.TRUNCATED and sample.metadata["context_capped"]

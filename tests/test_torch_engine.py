@@ -491,6 +491,30 @@ def test_abort_all_and_flush_cache(engine):
     assert requests.get(f"{engine}/health_generate").status_code == 200
 
 
+def _kv_cache_bytes(url: str) -> int:
+    return requests.get(f"{url}/get_server_info").json()["internal_states"][0]["kv_cache_bytes"]
+
+
+def test_a_flush_keeps_the_kv_buffers_and_what_they_held_changes_no_output(engine, hf):
+    """As SGLang keeps its KV pool on flush_cache, the engine keeps its buffers (allocating them again
+    after every weight push cost a quickstart rollout 5-7 ms); a shorter request in a row a longer one
+    filled must still equal transformers, and releasing the kv_cache memory frees them."""
+    model, tokenizer = hf
+    long_params = {"max_new_tokens": 40, "temperature": 1.0, "ignore_eos": True}
+    generate(engine, input_ids=list(range(3, 60)), sampling_params=long_params)
+    held = _kv_cache_bytes(engine)
+    assert held > 0
+    assert requests.post(f"{engine}/flush_cache").status_code == 200
+    assert _kv_cache_bytes(engine) == held
+    ids = tokenizer("12+30=")["input_ids"]
+    params = {"max_new_tokens": 12, "min_new_tokens": 12, "temperature": 0}
+    assert generate(engine, input_ids=ids, sampling_params=params)["output_ids"] == hf_greedy(model, ids, 12)
+    requests.post(f"{engine}/release_memory_occupation", json={"tags": ["kv_cache"]})
+    assert _kv_cache_bytes(engine) == 0
+    requests.post(f"{engine}/resume_memory_occupation", json={"tags": ["kv_cache"]})
+    assert generate(engine, input_ids=ids, sampling_params=params)["output_ids"] == hf_greedy(model, ids, 12)
+
+
 # ---- weights --------------------------------------------------------------------------------------
 
 

@@ -210,9 +210,13 @@ class TorchEngine:
     # ---- control (run on the scheduler thread through Scheduler.call) ---------------------------
 
     def flush_cache(self) -> tuple[bool, str]:
+        """Refused while requests run, as SGLang refuses it. SGLang's flush empties its radix cache and
+        frees every KV slot, but keeps the pool it allocated at start-up; here no slot outlives its
+        request, so an idle engine has nothing to free, and the buffers stay for the next batch
+        (allocating and zeroing them again after every weight push cost 5-7 ms per quickstart rollout).
+        Only ``release_memory_occupation`` of ``kv_cache`` frees them."""
         if not self.scheduler.is_idle():
             return False, "Cache not flushed: there are running or waiting requests.\n"
-        self.runner.cache.clear()
         return True, "Cache flushed.\n"
 
     def release_memory(self, tags: list[str] | None) -> None:
@@ -242,7 +246,7 @@ class TorchEngine:
         self.record("resume_memory_occupation", tags=tags)
 
     def load_weights(
-        self, named_tensors: list[tuple[str, torch.Tensor]], weight_version: str | None, flush_cache: bool
+        self, named_tensors: list[tuple[str, torch.Tensor]], weight_version: str | None
     ) -> tuple[bool, str]:
         """Copy received tensors into the model between two forwards; all-or-nothing on bad names."""
         try:
@@ -251,8 +255,6 @@ class TorchEngine:
             return False, f"Failed to update weights: {exc}"
         if weight_version is not None:
             self.scheduler.weight_version = weight_version
-        if flush_cache and self.scheduler.is_idle():
-            self.runner.cache.clear()
         return True, f"Succeeded to update model weights ({count} tensors)."
 
     # ---- weight-update sessions (SGLang >= 0.5.21; run on the scheduler thread) -----------------

@@ -16,7 +16,8 @@ per layer) and keeps its tokens at columns `0 .. len-1`, i.e. column == position
   and the model sees views, never copies.
 
 The scheduler states what the next forward does through `ForwardPlan`; the model calls `update()` per
-layer exactly as it would on a DynamicCache. Buffers grow by doubling and are dropped by `clear()`.
+layer exactly as it would on a DynamicCache. Buffers grow by doubling and are dropped by `clear()`
+(releasing the kv_cache memory, a retraction, an error); a flush keeps them, as SGLang keeps its pool.
 Requires the transformers >= 5 Cache API (`Cache(layers=...)`, `CacheLayerMixin`).
 """
 

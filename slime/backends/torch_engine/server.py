@@ -359,8 +359,9 @@ async def destroy_weights_update_group(request: web.Request) -> web.Response:
 
 
 async def _apply(engine: TorchEngine, body: dict[str, Any], tensors: list) -> tuple[bool, str]:
-    version, flush = body.get("weight_version"), bool(body.get("flush_cache", True))
-    return await _on_scheduler(engine, lambda: engine.load_weights(tensors, version, flush))
+    # The body's flush_cache has nothing to free on this engine (TorchEngine.flush_cache).
+    version = body.get("weight_version")
+    return await _on_scheduler(engine, lambda: engine.load_weights(tensors, version))
 
 
 async def _update_weights(

@@ -29,6 +29,8 @@ def train(args: argparse.Namespace) -> None:
         for rollout_id in tqdm(loop.rollout_ids(), desc="rollouts", unit="rollout"):
             data = loop.generate(rollout_id)
             session.hand_gpus_to_trainer()  # --colocate: engines release their memory, the trainer takes it
+            if loop.push_due(rollout_id):
+                session.pause_for_push()  # nothing generates while the trainer trains: pause now
             metrics = loop.train(data)
             loop.save(rollout_id)
             if loop.push_due(rollout_id):

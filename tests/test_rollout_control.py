@@ -339,6 +339,18 @@ def test_partial_rollout_resumes_aborted_samples_as_the_concatenation_of_both_pa
     assert masked > 0 and second.metrics["rollout/offpolicy_masked_tokens"] == masked
 
 
+@pytest.mark.parametrize("delay", [0.0, 600.0])
+def test_a_rollout_shows_its_sample_bar_only_once_it_has_run_for_the_bar_delay(
+    rollout, tiny_models, monkeypatch, capfd, delay
+):
+    _, _, router_url = rollout
+    monkeypatch.setattr(sglang_rollout, "BAR_DELAY_S", delay)
+    args = control_args(tiny_models["qwen2"], router_url, "--rollout-batch-size", "2")
+    output = asyncio.run(sample_rollout(args, 7, PromptDataSource.from_args(args)))
+    assert len(output.groups) == 2
+    assert ("rollout 7: 100%" in capfd.readouterr().err) == (delay == 0.0)
+
+
 def test_max_new_tokens_is_capped_to_the_engines_context_length(rollout, tiny_models, monkeypatch):
     """Prompts of 508 and 600 tokens on engines of context 512 with a budget of 64: before, each was
     an HTTP 400 that stopped the run. Now the first gets the tokens that fit (TRUNCATED), the

@@ -60,6 +60,10 @@ def engine_weights_equal(url: str, expected: dict[str, torch.Tensor]) -> None:
         assert torch.equal(torch.tensor(values).flatten(), tensor.flatten()), (url, name)
 
 
+def engine_paused(url: str) -> bool:
+    return get_json(f"{url}/get_server_info")["internal_states"][0]["paused"]
+
+
 # Without weight-update sessions (0.5.19, DP 2) and with them (0.5.23, PP 2: both stages push inside
 # the one session each engine has); at the temperature users run, with the trainer's own old log-probs
 # and with the engine's (--use-rollout-logprobs).
@@ -83,14 +87,17 @@ def test_session_pushes_trainer_weights_to_every_engine(ray_cluster, tiny_run_fl
         session.push_weights()
         data = ray.get(session.rollout.generate.remote(0))
         data.pop("metrics")
+        urls = ray.get(session.rollout.engine_urls.remote())
+        session.pause_for_push()  # as train.py: the engines pause while the trainer trains
         metrics = session.trainer.train(data)[0]
+        assert all(engine_paused(url) for url in urls)
         assert metrics["ppo_kl"] == pytest.approx(0.0, abs=1e-6)
         assert metrics["train_rollout_logprob_abs_diff"] < 1e-3
         session.push_weights()
         expected = session.trainer.hf_state_dict()
-        urls = ray.get(session.rollout.engine_urls.remote())
         assert len(urls) == 2
         for url in urls:
+            assert not engine_paused(url)
             assert probe_engine_api(url).weight_update_sessions == (release == "0.5.23")
             assert get_json(f"{url}/model_info")["weight_version"] == "2"
             engine_weights_equal(url, expected)

@@ -80,6 +80,11 @@ ABORT_REPORT_S = 30.0  # how often a long abort says which requests it still wai
 
 logger = logging.getLogger(__name__)
 
+# A rollout's sample bar shows once it has run this long: a quickstart rollout (a tenth of a second,
+# several a second) printed two bar lines per rollout, which Ray forwards to the driver's console,
+# burying the per-rollout log line; a GPU rollout of minutes shows its bar as before.
+BAR_DELAY_S = 2.0
+
 
 def sampling_params(args: argparse.Namespace, eval_set: EvalSetSettings | None = None) -> dict[str, Any]:
     """SGLang sampling parameters from the ``--rollout-*`` flags, or an evaluation set's settings.
@@ -326,7 +331,7 @@ async def generate_groups(
     try:
         with (
             rollout_context(client.context),
-            tqdm(total=total, desc=desc, unit="sample", mininterval=1.0) as bar,
+            tqdm(total=total, desc=desc, unit="sample", mininterval=1.0, delay=BAR_DELAY_S) as bar,
         ):
             return await _gather_or_cancel([client.generate_group(group, params, bar) for group in groups])
     finally:
@@ -390,7 +395,7 @@ async def sample_rollout(args: argparse.Namespace, rollout_id: int, data_source:
     pending: set[asyncio.Task] = set()
     finished_groups = abort_s = 0.0
     draw_limit = MAX_DRAWS_PER_BATCH * max(target, args.over_sampling_batch_size or 0)
-    bar = tqdm(total=0, desc=f"rollout {rollout_id}", unit="sample", mininterval=1.0)
+    bar = tqdm(total=0, desc=f"rollout {rollout_id}", unit="sample", mininterval=1.0, delay=BAR_DELAY_S)
     try:
         with rollout_context(client.context):
             while len(kept) < target:

@@ -154,7 +154,8 @@ class TrainingSession:
         """The synchronous loop, before training: the engines pause for the coming push while the
         trainer trains, since nothing generates then; ``push_weights`` waits for it. Not under
         ``--colocate`` (the engines have released their memory) or ``--use-fault-tolerance`` (the push
-        first looks up which engines are up). Saved ≈ 5 ms of a 230 ms quickstart step."""
+        first looks up which engines are up). With the sessions opened beside the pause, a traced
+        quickstart push waited ≈ 3 ms for both instead of ≈ 6.6 ms for one after the other."""
         args = self.args
         early = uses_engines(args) and self.trainer is not None and self._pausing is None
         if early and not args.colocate and not args.use_fault_tolerance:

@@ -97,6 +97,14 @@ def ray_cluster():
     ray.shutdown()
 
 
+def engine_state(url: str) -> dict:
+    """An engine's scheduler counters (``/get_server_info`` ``internal_states[0]``: requests finished,
+    aborted, decode steps, KV bytes, paused)."""
+    from slime.utils.http import get_json
+
+    return get_json(f"{url}/get_server_info")["internal_states"][0]
+
+
 @contextlib.contextmanager
 def running_rollout_manager(args, log_dir: Path):
     """A RolloutManager with its engines (one per bundle of ``--rollout-num-gpus``) and router started;

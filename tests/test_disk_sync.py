@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import ray
 import torch
-from conftest import model_args
+from conftest import engine_state, model_args
 
 from slime.backends.engine_server import start_engine_server
 from slime.backends.torch_engine.launcher import serving
@@ -79,7 +79,7 @@ def test_disk_transport_updates_own_and_external_engines(
 
 
 def finished(url: str) -> int:
-    return get_json(f"{url}/get_server_info")["internal_states"][0]["finished_requests"]
+    return engine_state(url)["finished_requests"]
 
 
 @pytest.mark.parametrize(

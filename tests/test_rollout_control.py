@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import ray
-from conftest import running_rollout_manager
+from conftest import engine_state, running_rollout_manager
 from text_form_generate import write_chat_prompts
 from tqdm import tqdm
 
@@ -43,7 +43,7 @@ from slime.rollout.sglang_rollout import (
     sample_rollout,
     sampling_params,
 )
-from slime.utils.http import get_json, post_json_sync
+from slime.utils.http import post_json_sync
 
 pytestmark = pytest.mark.e2e
 
@@ -147,7 +147,7 @@ def drop_all(args, group: list[Sample]) -> FilterResult:
 
 
 def aborted_requests(url: str) -> int:
-    return get_json(f"{url}/get_server_info")["internal_states"][0]["aborted_requests"]
+    return engine_state(url)["aborted_requests"]
 
 
 def control_args(model: Path, router_url: str | None, *extra: str):

@@ -20,7 +20,7 @@ import pytest
 import ray
 import requests
 import yaml
-from conftest import running_rollout_manager
+from conftest import engine_state, running_rollout_manager
 
 from slime.config import parse_args
 from slime.ray.cluster import create_placement_group, release_placement_group
@@ -28,7 +28,7 @@ from slime.ray.rollout_manager import RolloutManager, samples_to_train_data
 from slime.rollout.generate_utils import prompt_ids
 from slime.rollout.sample import Sample
 from slime.rollout.sglang_rollout import apply_reply, generate_groups
-from slime.utils.http import ServerProcess, ServerStartError, get_json, post_json, post_json_sync
+from slime.utils.http import ServerProcess, ServerStartError, post_json, post_json_sync
 
 pytestmark = pytest.mark.e2e
 
@@ -97,7 +97,7 @@ def rollout(ray_cluster, tiny_models, prompt_file, eval_dir, tmp_path_factory):
 
 
 def finished(url: str) -> int:
-    return get_json(f"{url}/get_server_info")["internal_states"][0]["finished_requests"]
+    return engine_state(url)["finished_requests"]
 
 
 def send(router_url: str, count: int, max_new_tokens: int = 2) -> list[dict]:

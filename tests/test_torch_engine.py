@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import requests
 import torch
+from conftest import engine_state
 
 from slime.backends.engine_server import EngineServer, start_engine_server
 from slime.backends.torch_engine.launcher import command_line, serving
@@ -298,7 +299,7 @@ def test_seeded_sampling_is_reproducible(engine):
 
 def test_sixteen_concurrent_requests_queue_and_join_a_running_batch(engine, hf):
     model, tokenizer = hf
-    before = requests.get(f"{engine}/get_server_info").json()["internal_states"][0]
+    before = engine_state(engine)
     prompts = [tokenizer("x" * (1 + i % 5) + str(i))["input_ids"] for i in range(16)]
     lengths = [3 + (7 * i) % 17 for i in range(16)]
 
@@ -321,7 +322,7 @@ def test_sixteen_concurrent_requests_queue_and_join_a_running_batch(engine, hf):
         expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(reply["output_ids"])[:, None])[:, 0]
         got = torch.tensor([value for value, _, _ in reply["meta_info"]["output_token_logprobs"]])
         torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
-    after = requests.get(f"{engine}/get_server_info").json()["internal_states"][0]
+    after = engine_state(engine)
     assert after["max_running_seen"] == MAX_RUNNING  # the limit held, the rest queued
     assert after["joined_running_batch"] > before["joined_running_batch"]  # late requests joined decoding
     assert after["num_running_reqs"] == 0 and after["num_waiting_reqs"] == 0
@@ -367,7 +368,7 @@ def num_scheduled(url: str) -> int:
 
 
 def _decode_steps(url: str) -> int:
-    return requests.get(f"{url}/get_server_info").json()["internal_states"][0]["decode_steps"]
+    return engine_state(url)["decode_steps"]
 
 
 def test_pause_in_place_stops_decoding_and_abort_returns_partial_output(engine):
@@ -492,13 +493,15 @@ def test_abort_all_and_flush_cache(engine):
 
 
 def _kv_cache_bytes(url: str) -> int:
-    return requests.get(f"{url}/get_server_info").json()["internal_states"][0]["kv_cache_bytes"]
+    return engine_state(url)["kv_cache_bytes"]
 
 
 def test_a_flush_keeps_the_kv_buffers_and_what_they_held_changes_no_output(engine, hf):
-    """As SGLang keeps its KV pool on flush_cache, the engine keeps its buffers (allocating them again
-    after every weight push cost a quickstart rollout 5-7 ms); a shorter request in a row a longer one
-    filled must still equal transformers, and releasing the kv_cache memory frees them."""
+    """As SGLang keeps its KV pool on flush_cache (``Scheduler.flush_cache``, srt/managers/scheduler.py,
+    0.5.19 and 0.5.23: the radix tree and the slot allocators are reset, the pool stays), the engine
+    keeps its buffers (allocating them again after every weight push cost a quickstart rollout 5-7 ms);
+    a shorter request in a row a longer one filled must still equal transformers, and releasing the
+    kv_cache memory frees them."""
     model, tokenizer = hf
     long_params = {"max_new_tokens": 40, "temperature": 1.0, "ignore_eos": True}
     generate(engine, input_ids=list(range(3, 60)), sampling_params=long_params)

@@ -19,7 +19,7 @@ import psutil
 import pytest
 import ray
 import torch
-from conftest import REPO
+from conftest import REPO, engine_state
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from text_form_generate import write_chat_prompts
 
@@ -61,7 +61,7 @@ def engine_weights_equal(url: str, expected: dict[str, torch.Tensor]) -> None:
 
 
 def engine_paused(url: str) -> bool:
-    return get_json(f"{url}/get_server_info")["internal_states"][0]["paused"]
+    return engine_state(url)["paused"]
 
 
 # Without weight-update sessions (0.5.19, DP 2) and with them (0.5.23, PP 2: both stages push inside

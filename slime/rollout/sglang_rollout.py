@@ -86,6 +86,10 @@ logger = logging.getLogger(__name__)
 BAR_DELAY_S = 2.0
 
 
+def sample_bar(desc: str, total: int) -> tqdm:
+    return tqdm(total=total, desc=desc, unit="sample", mininterval=1.0, delay=BAR_DELAY_S)
+
+
 def sampling_params(args: argparse.Namespace, eval_set: EvalSetSettings | None = None) -> dict[str, Any]:
     """SGLang sampling parameters from the ``--rollout-*`` flags, or an evaluation set's settings.
 
@@ -331,7 +335,7 @@ async def generate_groups(
     try:
         with (
             rollout_context(client.context),
-            tqdm(total=total, desc=desc, unit="sample", mininterval=1.0, delay=BAR_DELAY_S) as bar,
+            sample_bar(desc, total) as bar,
         ):
             return await _gather_or_cancel([client.generate_group(group, params, bar) for group in groups])
     finally:
@@ -395,7 +399,7 @@ async def sample_rollout(args: argparse.Namespace, rollout_id: int, data_source:
     pending: set[asyncio.Task] = set()
     finished_groups = abort_s = 0.0
     draw_limit = MAX_DRAWS_PER_BATCH * max(target, args.over_sampling_batch_size or 0)
-    bar = tqdm(total=0, desc=f"rollout {rollout_id}", unit="sample", mininterval=1.0, delay=BAR_DELAY_S)
+    bar = sample_bar(f"rollout {rollout_id}", total=0)
     try:
         with rollout_context(client.context):
             while len(kept) < target:

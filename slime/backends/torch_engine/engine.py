@@ -211,10 +211,12 @@ class TorchEngine:
 
     def flush_cache(self) -> tuple[bool, str]:
         """Refused while requests run, as SGLang refuses it. SGLang's flush empties its radix cache and
-        frees every KV slot, but keeps the pool it allocated at start-up; here no slot outlives its
-        request, so an idle engine has nothing to free, and the buffers stay for the next batch
-        (allocating and zeroing them again after every weight push cost 5-7 ms per quickstart rollout).
-        Only ``release_memory_occupation`` of ``kv_cache`` frees them."""
+        frees every KV slot, but keeps the pool it allocated at start-up (``Scheduler.flush_cache`` in
+        ``srt/managers/scheduler.py`` of 0.5.19 and 0.5.23: ``tree_cache.reset()`` and the allocators'
+        ``clear()``, no pool freed); here no slot outlives its request, so an idle engine has nothing
+        to free, and the buffers stay for the next batch (allocating and zeroing them again after every
+        weight push cost 5-7 ms per quickstart rollout). Only ``release_memory_occupation`` of
+        ``kv_cache`` frees them."""
         if not self.scheduler.is_idle():
             return False, "Cache not flushed: there are running or waiting requests.\n"
         return True, "Cache flushed.\n"

@@ -16,8 +16,13 @@ do not count (start-up is reported both ways: loading a tokenizer takes seconds 
 JSON parse of the largest file is timed too: it is what a complete bad-line check before start-up
 would cost (``--streaming-data`` checks a record when it is served).
 
+The Parquet rows stream the same records from a Parquet file (200k rows in row groups of 65,536 by
+default, plus a column no flag uses), shuffled and in file order: a shuffled rollout touches every
+row group, which is decoded once per rollout, not once per prompt (issue 32, M7).
+
     python bench/data_scale.py
     python bench/data_scale.py --sizes 10000 100000 --rollout-batch-size 256
+    python bench/data_scale.py --formats parquet --out bench/results/data_scale_parquet.json
 
 Writes bench/results/data_scale.json.
 """
@@ -46,15 +51,28 @@ CHILD = "--measure-one"
 TEXT = "Find the sum of the digits of the smallest positive integer that satisfies the conditions below. "
 
 
+def record(i: int) -> dict:
+    """Record ``i`` of a generated file: math-like, ~330 bytes, as in the measured 1M-prompt file."""
+    prompt = f"Problem {i}: {TEXT * 2}Answer with a number."
+    return {"input": prompt, "label": str(i % 97), "metadata": {"id": i, "src": "gen"}}
+
+
 def write_prompts(path: Path, n: int) -> Path:
-    """``n`` math-like records of ~330 bytes, as in the measured 1M-prompt file."""
+    """``n`` records as JSONL."""
     with open(path, "w") as f:
         for i in range(n):
-            prompt = f"Problem {i}: {TEXT * 2}Answer with a number."
-            f.write(
-                json.dumps({"input": prompt, "label": str(i % 97), "metadata": {"id": i, "src": "gen"}})
-                + "\n"
-            )
+            f.write(json.dumps(record(i)) + "\n")
+    return path
+
+
+def write_parquet(path: Path, n: int, row_group_size: int) -> Path:
+    """``n`` records as Parquet, with a ``notes`` column of ~200 bytes per row that no flag reads (a
+    streamed read decodes only the columns it uses)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pylist([{**record(i), "notes": f"note {i:07d}; " * 14} for i in range(n)])
+    pq.write_table(table, path, row_group_size=row_group_size)
     return path
 
 
@@ -93,8 +111,10 @@ def run_args(config: dict) -> argparse.Namespace:
     from slime.config import build_parser
 
     argv = ["--prompt-data", config["data"], "--rollout-batch-size", str(config["rollout_batch_size"])]
-    argv += ["--n-samples-per-prompt", "8", "--rollout-shuffle", "--label-key", "label"]
+    argv += ["--n-samples-per-prompt", "8", "--label-key", "label"]
     argv += ["--num-data-workers", str(config["workers"])]
+    if config["shuffle"]:
+        argv.append("--rollout-shuffle")
     if config["streaming"]:
         argv.append("--streaming-data")
     if config["template"]:
@@ -166,20 +186,10 @@ def json_parse_pass_s(path: Path) -> float:
     return time.perf_counter() - start
 
 
-def main() -> None:
-    if sys.argv[1:2] == [CHILD]:
-        return child(*sys.argv[2:])
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
-    parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
-    parser.add_argument("--rollout-batch-size", type=int, default=512)
-    parser.add_argument("--generation-s", type=float, default=1.0, help="pause standing in for a rollout")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "data_scale.json")
-    opts = parser.parse_args()
-
+def jsonl_runs(opts: argparse.Namespace, workdir: Path) -> list[dict]:
+    """The grid of the module docstring: sizes x chat template x source x workers, shuffled."""
     from tools.make_tiny_model import make_tiny_model
 
-    workdir = Path(tempfile.mkdtemp(prefix="data_scale_"))
     model = str(make_tiny_model(workdir / "model"))
     files = {n: write_prompts(workdir / f"prompts_{n}.jsonl", n) for n in [1, *opts.sizes]}
     runs = []
@@ -190,8 +200,9 @@ def main() -> None:
                 for n in [1, *opts.sizes]:
                     config = {
                         "data": str(files[n]), "model": model, "template": template, "streaming": streaming,
-                        "workers": workers, "rollout_batch_size": min(opts.rollout_batch_size, n),
-                        "generation_s": opts.generation_s, "pickle": str(workdir / "source.pkl"),
+                        "shuffle": True, "workers": workers, "generation_s": opts.generation_s,
+                        "rollout_batch_size": min(opts.rollout_batch_size, n),
+                        "pickle": str(workdir / "source.pkl"),
                     }  # fmt: skip
                     result = measure(config)
                     if n == 1:
@@ -202,7 +213,7 @@ def main() -> None:
                     }
                     run = {
                         "prompts": n, "file_mb": files[n].stat().st_size / 2**20, "chat_template": template,
-                        "streaming": streaming, "num_data_workers": workers, **result,
+                        "streaming": streaming, "shuffle": True, "num_data_workers": workers, **result,
                         "driver_plus_manager_mb_above_empty": above["driver"] + above["manager"],
                         "startup_s_above_empty": result["startup_s"] - empty["startup_s"],
                     }  # fmt: skip
@@ -214,22 +225,70 @@ def main() -> None:
                         f"rollout {served['first_rollout_s']:.3f} / {served['next_rollout_s']:.3f} s",
                         flush=True,
                     )
-    largest = files[max(opts.sizes)]
+    return runs
+
+
+def parquet_runs(opts: argparse.Namespace, workdir: Path) -> list[dict]:
+    """One streamed Parquet file, in file order and shuffled, with each number of workers."""
+    rows, group = opts.parquet_rows, opts.parquet_row_group
+    path = write_parquet(workdir / "prompts.parquet", rows, group)
+    runs = []
+    for shuffle in (False, True):
+        for workers in opts.workers:
+            config = {
+                "data": str(path), "template": False, "streaming": True, "shuffle": shuffle,
+                "workers": workers, "rollout_batch_size": min(opts.rollout_batch_size, rows),
+                "generation_s": opts.generation_s, "pickle": str(workdir / "source.pkl"),
+            }  # fmt: skip
+            result = measure(config)
+            runs.append({
+                "prompts": rows, "row_group_rows": group, "file_mb": path.stat().st_size / 2**20,
+                "shuffle": shuffle, "num_data_workers": workers, **result,
+            })  # fmt: skip
+            served = result["manager"]
+            print(
+                f"parquet {rows} rows / groups of {group} shuffle={shuffle!s:5} N={workers}: start-up "
+                f"{result['startup_s']:6.2f} s, rollout {served['first_rollout_s']:.3f} / "
+                f"{served['next_rollout_s']:.3f} s",
+                flush=True,
+            )
+    return runs
+
+
+def main() -> None:
+    if sys.argv[1:2] == [CHILD]:
+        return child(*sys.argv[2:])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--formats", nargs="+", choices=["jsonl", "parquet"], default=["jsonl", "parquet"])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    parser.add_argument("--parquet-rows", type=int, default=200_000)
+    parser.add_argument("--parquet-row-group", type=int, default=65_536, help="rows per Parquet row group")
+    parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
+    parser.add_argument("--rollout-batch-size", type=int, default=512)
+    parser.add_argument("--generation-s", type=float, default=1.0, help="pause standing in for a rollout")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "data_scale.json")
+    opts = parser.parse_args()
+
+    workdir = Path(tempfile.mkdtemp(prefix="data_scale_"))
     result = {
         "benchmark": "data_scale",
         "date": time.strftime("%Y-%m-%d"),
         "config": {
-            "rollout_batch_size": opts.rollout_batch_size, "n_samples_per_prompt": 8, "shuffle": True,
+            "rollout_batch_size": opts.rollout_batch_size, "n_samples_per_prompt": 8,
             "generation_s": opts.generation_s,
         },
         "machine": {
             "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
             "load_avg_1m": os.getloadavg()[0],
         },
-        "json_parse_pass_s": {"prompts": max(opts.sizes), "seconds": json_parse_pass_s(largest)},
         "targets": {"streaming_startup_s": 2.0, "driver_plus_manager_mb_above_empty": 200},
-        "runs": runs,
     }  # fmt: skip
+    if "jsonl" in opts.formats:
+        result["runs"] = jsonl_runs(opts, workdir)
+        largest = workdir / f"prompts_{max(opts.sizes)}.jsonl"
+        result["json_parse_pass_s"] = {"prompts": max(opts.sizes), "seconds": json_parse_pass_s(largest)}
+    if "parquet" in opts.formats:
+        result["parquet_runs"] = parquet_runs(opts, workdir)
     opts.out.parent.mkdir(parents=True, exist_ok=True)
     opts.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {opts.out}")

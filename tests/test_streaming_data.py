@@ -4,6 +4,7 @@ bad lines named by file:line, and worker processes that change nothing but speed
 from __future__ import annotations
 
 import json
+import random
 import re
 import time
 from collections.abc import Callable
@@ -165,6 +166,46 @@ def test_parquet_streams_through_row_groups(tmp_path):
     lazy = LazyPrompts(PromptIndex.build(spec), plain)
     assert [lazy[i] for i in (13, 0, 7)] == [load_prompts(spec, plain)[i] for i in (13, 0, 7)]
     assert lazy.index.where(0) == f"{path}:row 3"
+
+
+def test_a_shuffled_parquet_batch_decodes_each_row_group_once_and_only_the_used_columns(
+    tmp_path, monkeypatch
+):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [
+        {"input": f"q{i}", "label": str(i), "metadata": json.dumps({"i": i}), "unused": "x" * 50}
+        for i in range(60)
+    ]
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=6)  # 10 row groups
+    spec = f"{path}@[2:58]"
+    plain = PromptFormat(label_key="label")
+    reads: list[tuple[int, list[str] | None]] = []
+    read_row_group = pq.ParquetFile.read_row_group
+
+    def counted(self, i, columns=None, **kwargs):
+        reads.append((i, columns))
+        return read_row_group(self, i, columns=columns, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", counted)
+    streamed = PromptDataSource(LazyPrompts(PromptIndex.build(spec), plain), shuffle=True, seed=3)
+    served = streamed.get_samples(16)
+    order = list(range(56))
+    random.Random(3).shuffle(order)  # the epoch's order, as it always was
+    assert [group[0].prompt for group in served] == [f"q{2 + r}" for r in order[:16]]
+    memory = PromptDataSource(load_prompts(spec, plain), shuffle=True, seed=3)  # the whole table read at once
+    assert served == memory.get_samples(16)
+    used = ["input", "label", "metadata"]
+    assert reads == [(group, used) for group in sorted({(2 + r) // 6 for r in order[:16]})]
+    reads.clear()  # in memory: the file read in order, each row group once
+    assert read_all(LazyPrompts(PromptIndex.build(spec), plain), None, True) == load_prompts(spec, plain)
+    assert reads == [(group, used) for group in range(10)]
+    # A missing key is named with every column of the file, as when the whole row is read.
+    wrong = LazyPrompts(PromptIndex.build(spec), PromptFormat(input_key="question"))[0]
+    keys = ", ".join(rows[0])
+    assert wrong.message == f"--input-key 'question' not found in {path}:row 2; keys present: {keys}"
 
 
 @pytest.mark.e2e  # worker processes

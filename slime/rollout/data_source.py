@@ -9,11 +9,12 @@ are read and checked by ``slime.rollout.prompt_files``; the source only orders t
 
 Where the prompts live does not change what is served. In memory (the default) every record is read
 at start-up (``lazy_prompts.read_all``); with ``--streaming-data`` a one-pass index of the file is kept
-and each record is read when its turn comes (``lazy_prompts.LazyPrompts``), by ``--num-data-workers``
-processes ahead of time when given (``prompt_workers``). Either way the epoch's order is a permutation
-of every record of the file (slice), and a record that cannot be served (over
-``--rollout-max-prompt-len``, or malformed under ``--on-bad-prompt skip``) is skipped at its turn, so
-both sources serve the same prompts in the same order for the same seed, and ``len`` counts records.
+and the records are read when their turn comes, a batch of the served order at a time
+(``lazy_prompts.LazyPrompts``), by ``--num-data-workers`` processes ahead of time when given
+(``prompt_workers``). Either way the epoch's order is a permutation of every record of the file
+(slice), and a record that cannot be served (over ``--rollout-max-prompt-len``, or malformed under
+``--on-bad-prompt skip``) is skipped at its turn, so both sources serve the same prompts in the same
+order for the same seed, and ``len`` counts records.
 
 Saved position: ``<directory>/rollout/data_source_<rollout_id>.json``, a JSON object::
 
@@ -178,6 +179,8 @@ class PromptDataSource:
         self.workers = workers
         self.prefetch = prefetch
         self._lookahead = Lookahead(workers) if workers is not None else None
+        self._batch: dict[int, Outcome] = {}
+        """Streamed without workers: the outcomes read with the current position's batch, by record."""
         self._orders: dict[int, np.ndarray] = {}
         self._ahead = (0, 0)  # the first (epoch, offset) not submitted to the lookahead yet
         self._order = self._epoch_order(0)
@@ -276,13 +279,7 @@ class PromptDataSource:
                 self.offset = 0
                 self._orders.pop(self.epoch - 1, None)
                 self._order = self._epoch_order(self.epoch)
-            record = int(self._order[self.offset])
-            if self._lookahead is None:
-                outcome = self.prompts[record]
-            else:
-                if not self._lookahead.queued:
-                    self._fill_lookahead(max(wanted, self.prefetch, 1))
-                outcome = self._lookahead.take(record)
+            outcome = self._outcome(int(self._order[self.offset]), wanted)
             self.offset += 1
             if isinstance(outcome, Sample):
                 return outcome
@@ -296,6 +293,21 @@ class PromptDataSource:
         raise DataError(
             f"none of the {len(self.prompts)} records of the prompt data can be served; see above"
         )
+
+    def _outcome(self, record: int, wanted: int) -> Outcome:
+        """The outcome of ``record``, at the current position: taken from the workers' lookahead or the
+        list read at start-up, or read now together with the rest of the ``wanted`` positions from here
+        (in this epoch), in one read: a Parquet row group is decoded once for all its rows in the batch."""
+        if self._lookahead is not None:
+            if not self._lookahead.queued:
+                self._fill_lookahead(max(wanted, self.prefetch, 1))
+            return self._lookahead.take(record)
+        if not isinstance(self.prompts, LazyPrompts):
+            return self.prompts[record]
+        if record not in self._batch:
+            records = self._order[self.offset : self.offset + wanted]
+            self._batch = dict(zip(records.tolist(), self.prompts.outcomes(records), strict=True))
+        return self._batch.pop(record)
 
     def _fill_lookahead(self, count: int) -> None:
         """Submits the ``count`` positions after those already submitted (crossing into later epochs)."""
@@ -363,6 +375,7 @@ class PromptDataSource:
         self.buffer = [[Sample.from_dict(s) for s in group] for group in state["buffer"]]
         self._orders.clear()
         self._order = self._epoch_order(self.epoch)
+        self._batch.clear()
         if self._lookahead is not None:
             self._lookahead.clear()
             self._ahead = (self.epoch, self.offset)

@@ -52,7 +52,7 @@ class LazyPrompts:
     def __init__(self, index: PromptIndex, prompt_format: PromptFormat) -> None:
         self.index = index
         self.prompt_format = prompt_format
-        self.reader = RecordReader(index)
+        self.reader = RecordReader(index, prompt_format.columns)
 
     def __len__(self) -> int:
         return len(self.index)
@@ -61,7 +61,8 @@ class LazyPrompts:
         return self.outcomes([record])[0]
 
     def outcomes(self, records: Sequence[int]) -> list[Outcome]:
-        """The Sample (or why not) of each record position, in order."""
+        """The Sample (or why not) of each record position, in order; read together, so ask for a batch
+        (a Parquet row group is decoded once for all the batch's rows in it)."""
         out: list[Outcome] = []
         for raw in self.reader.read(records):
             if isinstance(raw, DataError):

@@ -234,6 +234,16 @@ class PromptFormat:
             max_prompt_len=max_prompt_len,
         )
 
+    def columns(self, names: list[str]) -> list[str] | None:
+        """Of a table's column ``names``, those ``sample`` reads, so a columnar reader (streamed Parquet)
+        can skip the rest; None (every column) when one that ``sample`` requires is missing, so that its
+        error lists every key the record has."""
+        required = {self.input_key} if self.label_key is None else {self.input_key, self.label_key}
+        if not required <= set(names):
+            return None
+        used = required | {self.metadata_key, self.tool_key}
+        return [name for name in names if name in used]
+
     def sample(self, record: Record) -> Sample | None:
         """The PENDING ``Sample`` of ``record``, or None when its prompt is longer than ``max_prompt_len``."""
         if self.input_key not in record.data:

@@ -1,24 +1,56 @@
 """Control of the engines behind a router: abort requests, count them, read the context length.
 
 Dynamic sampling stops as soon as enough groups are kept, and the requests still running would
-otherwise keep the engines busy into the weight update. ``abort_requests`` sends SGLang's
-``POST /abort_request {"rid"}`` for each of a rollout's requests to every engine the router lists
-(the router has no abort of its own), ``abort_all`` its ``{"abort_all": true}``; the aborted
-requests answer with ``finish_reason`` ``abort`` and what they generated so far. ``num_requests``
-reads an engine's load: ``GET /v1/loads`` (running + waiting requests of every DP rank; every
-supported SGLang has it), or ``GET /get_load`` on an engine without it (removed in SGLang 0.5.21).
-Synchronous (control calls, a handful per rollout): async callers use ``asyncio.to_thread``.
+otherwise keep the engines busy into the weight update. ``EngineAborts`` sends SGLang's
+``POST /abort_request``: ``{"rid"}`` for each of a rollout's requests, or ``{"abort_all": true}``;
+the aborted requests answer with ``finish_reason`` ``abort`` and what they generated so far.
+
+Why every rid goes to every engine: nothing tells which engine holds a request while it runs.
+sglang-router 0.3.2 has no abort of its own and adds no header naming the worker (measured against
+a real router: it echoes ``X-Request-ID`` and passes the worker's own headers through, and ignores
+``X-SMG-Target-Worker`` on ``/generate`` under ``round_robin``; ``tests/test_abort_fanout.py``
+checks it); SGLang's ``/generate`` names no
+engine in its headers or reply (``entrypoints/http_server.py``, 0.5.19-0.5.23), and a non-streaming
+reply only arrives once the request has ended anyway, when there is nothing left to abort. No
+engine route lists the rids it holds, and the router may retry a request on another worker. An
+engine drops the abort of a rid it does not know (``TokenizerManager.abort_request``: an exact
+``rid_to_state`` key with one tokenizer worker), so the one that holds it ends it and the others
+do nothing; and the rid must be each input's own (``<rid>_<i>`` of a batch, see ``generate_utils``),
+since a batch's rid is not a key there.
+
+What keeps that fan-out affordable (16 engines x 8k requests is 131k posts a round):
+- one aiohttp session per abort, on the rollout's loop, with at most ``ABORT_CONNECTIONS_PER_ENGINE``
+  posts in flight to each engine (an engine answers on one event loop; more only queue there), and
+  a session of its own so the aborts never wait for a connection the rollout's generate requests
+  hold (they end only once aborted);
+- an engine that refuses the connection gets no more rids: its requests ended with it;
+- the by-rid phase is bounded in time (``rid_phase_s``: a round still running then is cut) and in
+  posts (``max_rid_calls``); after that the caller falls back to ``abort_all``, which ends every
+  request an engine's scheduler holds, other clients' too.
+
+``num_requests`` reads an engine's load: ``GET /v1/loads`` (running + waiting requests of every DP
+rank; every supported SGLang has it), or ``GET /get_load`` on an engine without it (removed in
+SGLang 0.5.21). ``engine_urls``, ``context_length`` and ``num_requests`` are synchronous (a handful
+of calls per rollout): async callers use ``asyncio.to_thread``.
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
+import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from types import TracebackType
 from typing import Any
+
+import aiohttp
 
 from slime.rollout.router import list_workers
 from slime.utils.engine_api import engine_api
-from slime.utils.http import HttpError, get_json, post_json_sync
+from slime.utils.http import HttpError, get_json
+
+ABORT_CONNECTIONS_PER_ENGINE = 8  # abort posts in flight to one engine at a time
+ABORT_POST_TIMEOUT_S = 5.0  # one abort post; a lost one is repeated by the next round or abort_all
 
 
 def engine_urls(router_url: str) -> list[str]:
@@ -44,29 +76,117 @@ def context_length(urls: list[str]) -> int | None:
     return min((n for n in _each(one, urls) if n is not None), default=None)
 
 
-def _each(fn: Any, items: list[Any], max_workers: int | None = None) -> list[Any]:
-    """``fn`` of every item, concurrently (one thread per item, at most ``max_workers``)."""
-    workers = max(1, len(items) if max_workers is None else min(max_workers, len(items)))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
+def _each(fn: Any, items: list[Any]) -> list[Any]:
+    """``fn`` of every item, concurrently (one thread per item)."""
+    with ThreadPoolExecutor(max_workers=max(1, len(items))) as pool:
         return list(pool.map(fn, items))
 
 
-def _post_unless_gone(url: str, payload: dict[str, Any]) -> None:
-    """An abort to an engine that no longer answers is moot: its requests ended with it."""
-    with contextlib.suppress(OSError):
-        post_json_sync(f"{url}/abort_request", payload)
+class EngineAborts:
+    """One rollout's aborts on the engines at ``urls``, on one aiohttp session (``async with``).
+
+    ``by_rid`` sends rounds of by-rid aborts while the by-rid phase lasts: ``rid_phase_s`` from
+    ``async with``, and no round that would take the by-rid posts past ``max_rid_calls``. It answers
+    False once the phase is over (then it sends nothing), or when the deadline cut its round (rids it
+    did not send are aborted by no one else), and the caller escalates to ``abort_all``; a round that
+    sent everything answers True even past the deadline, so the requests it aborted get the caller's
+    wait to come back before ``abort_all`` ends other clients' requests too.
+    ``rid_calls`` and ``all_calls`` count the posts sent (tried, answered or not).
+    """
+
+    def __init__(
+        self,
+        urls: list[str],
+        max_rid_calls: int,
+        rid_phase_s: float,
+        connections_per_engine: int = ABORT_CONNECTIONS_PER_ENGINE,
+    ) -> None:
+        self.urls = list(urls)
+        self.max_rid_calls = max_rid_calls
+        self.rid_phase_s = rid_phase_s
+        self.connections_per_engine = connections_per_engine
+        self.rid_calls = 0
+        self.all_calls = 0
+        self.gone: set[str] = set()
+        """Engines that refused a connection: by-rid rounds skip them (their requests ended with them)."""
+        self._rid_deadline = 0.0
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> EngineAborts:
+        self._rid_deadline = time.monotonic() + self.rid_phase_s
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=max(1, len(self.urls)) * self.connections_per_engine),
+            timeout=aiohttp.ClientTimeout(total=ABORT_POST_TIMEOUT_S),
+        )
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def by_rid(self, rids: list[str]) -> bool:
+        """One round: ``POST /abort_request {"rid"}`` for each of ``rids`` to each engine still up (the
+        route takes one rid). False when it sent nothing (the phase is over) or not everything."""
+        now = time.monotonic()
+        live = [url for url in self.urls if url not in self.gone]
+        if now >= self._rid_deadline or self.rid_calls + len(live) * len(rids) > self.max_rid_calls:
+            return False
+        workers = []
+        for url in live:
+            todo = iter(rids)  # shared by the engine's workers: each rid is posted to it once
+            workers += [
+                asyncio.ensure_future(self._engine_rids(url, todo))
+                for _ in range(min(self.connections_per_engine, len(rids)))
+            ]
+        late = set(workers)
+        try:
+            if workers:
+                _, late = await asyncio.wait(workers, timeout=self._rid_deadline - now)
+        finally:
+            for task in workers:  # the phase's time is up: what this round did not send, abort_all ends
+                task.cancel()
+            outcomes = await asyncio.gather(*workers, return_exceptions=True)
+        _raise_first(outcomes)
+        return not late
+
+    async def abort_all(self) -> None:
+        """``POST /abort_request {"abort_all": true}`` to every engine (a refused one is skipped)."""
+        self.all_calls += len(self.urls)
+        _raise_first(
+            await asyncio.gather(
+                *(self._post(url, {"abort_all": True}) for url in self.urls), return_exceptions=True
+            )
+        )
+
+    async def _engine_rids(self, url: str, todo: Iterator[str]) -> None:
+        for rid in todo:
+            if url in self.gone:
+                return
+            self.rid_calls += 1
+            await self._post(url, {"rid": rid})
+
+    async def _post(self, url: str, payload: dict[str, Any]) -> None:
+        """An engine's error answer is raised; a refused connection marks the engine gone; a post that
+        timed out or broke is lost, and the next round (or ``abort_all``) repeats what it would do."""
+        assert self._session is not None, "use EngineAborts with async with"
+        try:
+            async with self._session.post(f"{url}/abort_request", json=payload) as response:
+                if response.status >= 300:
+                    raise HttpError("POST", f"{url}/abort_request", response.status, await response.text())
+        except aiohttp.ClientConnectorError:
+            self.gone.add(url)
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            pass
 
 
-def abort_all(urls: list[str]) -> None:
-    """Aborts every waiting and running request on each engine (still up)."""
-    _each(lambda url: _post_unless_gone(url, {"abort_all": True}), urls)
-
-
-def abort_requests(urls: list[str], rids: list[str]) -> None:
-    """Aborts the requests ``rids`` on each engine (``POST /abort_request {"rid"}``, one per rid: the
-    route takes one). An engine that does not know a rid ignores it; those that do abort it."""
-    pairs = [(url, rid) for url in urls for rid in rids]
-    _each(lambda pair: _post_unless_gone(pair[0], {"rid": pair[1]}), pairs, max_workers=32)
+def _raise_first(outcomes: list[Any]) -> None:
+    """Raises the first error among ``gather(..., return_exceptions=True)`` outcomes (a cancelled post
+    is no error: its round ran out of time)."""
+    for outcome in outcomes:
+        if isinstance(outcome, Exception):
+            raise outcome
 
 
 def num_requests(url: str) -> int:

@@ -76,6 +76,7 @@ FilterFn = Callable[[argparse.Namespace, list[Sample]], FilterResult | bool]
 
 ABORT_RETRY_S = 0.5  # a request still in the router when the abort went out reaches an engine later
 ABORT_ESCALATE_S = 3.0  # aborts by rid that long without effect: abort_all (see RolloutClient.abort)
+ABORT_BY_RID_ROUNDS = 2  # the by-rid posts of an abort: at most this many full rounds' worth
 ABORT_REPORT_S = 30.0  # how often a long abort says which requests it still waits for
 
 logger = logging.getLogger(__name__)
@@ -256,14 +257,18 @@ class RolloutClient:
 
         The rollout's own requests are aborted by rid (``context.in_flight``), so that other clients
         of the same engines (an evaluation running beside under ``train_async.py``, an external user)
-        keep theirs. The aborts are repeated every ``ABORT_RETRY_S`` for the rids still out: a
-        request still in the router when they went out reaches an engine later. SGLang (0.5.20+)
-        forwards only the first abort of a rid, though, and a request held by a paused engine (or
-        still being tokenized) is not in its scheduler yet, so that abort is lost for good; after
-        ``ABORT_ESCALATE_S`` the rollout falls back to ``abort_all``, repeated, which ends such a
-        request once it is scheduled (and every other client's requests with it, said in a warning).
-        The returned requests decide, not the engines' load: it does not count held requests, and it
-        counts other clients' (an evaluation beside must not hold the rollout up).
+        keep theirs. Nothing tells which engine holds a rid, so each goes to every engine
+        (``engine_control.EngineAborts``, one aiohttp session). The aborts are repeated every
+        ``ABORT_RETRY_S`` for the rids still out: a request still in the router when they went out
+        reaches an engine later. SGLang (0.5.20+) forwards only the first abort of a rid, though, and
+        a request held by a paused engine (or still being tokenized) is not in its scheduler yet, so
+        that abort is lost for good. So the by-rid phase is bounded: after ``ABORT_ESCALATE_S``, or
+        once its posts would pass ``ABORT_BY_RID_ROUNDS`` rounds of every rid out at the start to every
+        engine (the first round always fits; repeats of a few stragglers stay cheap, repeats of many
+        held requests are the lost aborts above), the rollout falls back to ``abort_all``, repeated,
+        which ends such a request once it is scheduled (and every other client's requests with it,
+        said in a warning). The returned requests decide, not the engines' load: it does not count
+        held requests, and it counts other clients' (an evaluation beside must not hold the rollout up).
         """
         self.context.aborted.set()
         urls = await asyncio.to_thread(engine_control.engine_urls, self.router_url)
@@ -271,30 +276,33 @@ class RolloutClient:
         started = time.monotonic()
         next_report = started + ABORT_REPORT_S
         escalated = False
-        while pending:
-            if time.monotonic() - started < ABORT_ESCALATE_S:
-                await asyncio.to_thread(engine_control.abort_requests, urls, sorted(self.context.in_flight))
-            else:
-                if not escalated:
-                    escalated = True
+        max_rid_calls = ABORT_BY_RID_ROUNDS * len(urls) * len(self.context.in_flight)
+        async with engine_control.EngineAborts(urls, max_rid_calls, ABORT_ESCALATE_S) as aborts:
+            while pending:
+                if escalated or not await aborts.by_rid(sorted(self.context.in_flight)):
+                    if not escalated:
+                        escalated = True
+                        logger.warning(
+                            "%d requests of this rollout outlived their abort by rid (%.1f s, %d posts to "
+                            "%d engines; held by a paused engine?); aborting every request on the engines "
+                            "instead",
+                            len(self.context.in_flight),
+                            time.monotonic() - started,
+                            aborts.rid_calls,
+                            len(urls),
+                        )
+                    await aborts.abort_all()
+                done, pending = await asyncio.wait(pending, timeout=ABORT_RETRY_S)
+                groups += [task.result() for task in done]
+                if pending and time.monotonic() >= next_report:
+                    next_report += ABORT_REPORT_S
                     logger.warning(
-                        "%d requests of this rollout outlived their abort by rid for %.0f s (held by a "
-                        "paused engine?); aborting every request on the engines instead",
+                        "%d requests of this rollout still on the engines %.0f s after the abort (paused "
+                        "engines hold new requests until /continue_generation): %s",
                         len(self.context.in_flight),
-                        ABORT_ESCALATE_S,
+                        time.monotonic() - started,
+                        sorted(self.context.in_flight)[:8],
                     )
-                await asyncio.to_thread(engine_control.abort_all, urls)
-            done, pending = await asyncio.wait(pending, timeout=ABORT_RETRY_S)
-            groups += [task.result() for task in done]
-            if pending and time.monotonic() >= next_report:
-                next_report += ABORT_REPORT_S
-                logger.warning(
-                    "%d requests of this rollout still on the engines %.0f s after the abort (paused "
-                    "engines hold new requests until /continue_generation): %s",
-                    len(self.context.in_flight),
-                    time.monotonic() - started,
-                    sorted(self.context.in_flight)[:8],
-                )
         return groups
 
 

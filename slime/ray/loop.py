@@ -142,14 +142,15 @@ class RolloutLoop:
 
     def save_before_stopping(self) -> None:
         """After an error (an engine died, say): the trainer's checkpoint of the last rollout it trained,
-        with the data position after that rollout, so ``--load`` continues there. Best effort: a
-        trainer that is gone cannot save, and that is only logged."""
+        with the data position after that rollout, so ``--load`` continues there. The position is
+        written first: a checkpoint without one would make ``--load`` start the data over from the
+        first prompt. Best effort: a trainer that is gone cannot save, and that is only logged."""
         rollout_id = self.trained
         if not self.args.save or self.session.trainer is None or rollout_id in (None, self.saved):
             return
         try:
-            self.session.trainer.save(rollout_id)
             ray.get(self.session.rollout.save_position_after.remote(rollout_id), timeout=300)
+            self.session.trainer.save(rollout_id)
         except Exception as exc:
             logger.warning("could not checkpoint rollout %d before stopping: %s", rollout_id, exc)
             return

@@ -229,7 +229,10 @@ class RolloutManager:
         self.recovery: EngineRecovery | None = None  # --use-fault-tolerance, once the engines are up
         self.watch: EngineWatch | None = None  # otherwise: a failed engine stops the run
         self._fault_reported: dict[str, float] = {}
-        self.positions = KeptPositions(self.data_source, Path(self.log_dir) / "position_kept")
+        # train_async.py draws up to --async-buffer-size + 1 rollouts' prompts past the last one trained.
+        self.positions = KeptPositions(
+            self.data_source, Path(self.log_dir) / "position_kept", args.async_buffer_size + 1
+        )
 
     def start(self, timeout_s: float = DEFAULT_START_TIMEOUT_S) -> tuple[list[str], str | None]:
         """Starts the router and the engines and registers every engine; ``(engine URLs, router URL)``.

@@ -36,6 +36,7 @@ import logging
 import os
 import random
 import shutil
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -414,28 +415,49 @@ class PromptDataSource:
 
 
 class KeptPositions:
-    """The data position after the previous rollout, kept aside while the next one draws its prompts,
-    so a run that stops in a rollout (an engine died) can checkpoint the one before (``--save``).
+    """The data positions after the last ``count`` rollouts whose generation began, by rollout id, so
+    that a run that stops (an engine died) can checkpoint the last rollout it trained (``--save``)
+    with the prompts that follow it, however far generation had run ahead of the trainer.
 
-    ``keep(k)`` saves the source's position after rollout ``k`` into ``directory`` (whatever files its
-    ``save`` writes); ``save_after(k, target)`` copies them into the checkpoint, or saves the current
-    position when ``k`` was the last rollout generated (``generated``).
+    ``train_async.py`` trains rollout ``k + 1`` while up to ``--async-buffer-size`` (``B``) later
+    rollouts are generated or generating (``k + 2`` to ``k + B + 1``): the last of them began by
+    keeping the position after ``k + B``, while the trainer's last finished rollout is still ``k``.
+    So ``B + 1`` positions cover every rollout a stopping run can have trained last (``train.py``,
+    which never generates ahead, needs 1).
+
+    ``keep(k)`` saves the source's position after rollout ``k`` into ``directory/<k>`` (whatever files
+    its ``save`` writes) and drops the oldest beyond ``count``; ``save_after(k, target)`` copies rollout
+    ``k``'s into the checkpoint, or saves the current position when ``k`` was the last rollout generated
+    (``generated``) and no later one has begun. One lock covers both: the rollout manager runs them on
+    different threads, and the current position must not move while it is saved.
     """
 
-    def __init__(self, data_source: DataSource, directory: str | os.PathLike[str]) -> None:
-        self.data_source, self.directory = data_source, Path(directory)
-        self.kept: int | None = None
+    def __init__(self, data_source: DataSource, directory: str | os.PathLike[str], count: int = 1) -> None:
+        if count < 1:
+            raise ValueError(f"count must be >= 1, got {count}")
+        self.data_source, self.directory, self.count = data_source, Path(directory), count
+        self.kept: list[int] = []  # rollout ids, oldest first
         self.generated: int | None = None
+        self._lock = threading.Lock()
 
     def keep(self, rollout_id: int) -> None:
-        shutil.rmtree(self.directory, ignore_errors=True)
-        self.data_source.save(rollout_id, self.directory)
-        self.kept = rollout_id
+        with self._lock:
+            path = self.directory / str(rollout_id)
+            shutil.rmtree(path, ignore_errors=True)  # a previous run's, in a reused directory
+            self.data_source.save(rollout_id, path)
+            self.kept.append(rollout_id)
+            for old in self.kept[: -self.count]:
+                shutil.rmtree(self.directory / str(old), ignore_errors=True)
+            del self.kept[: -self.count]
 
     def save_after(self, rollout_id: int, target: str | os.PathLike[str]) -> None:
-        if self.kept == rollout_id:
-            shutil.copytree(self.directory, target, dirs_exist_ok=True)
-        elif self.generated == rollout_id:
-            self.data_source.save(rollout_id, target)
-        else:
-            raise RuntimeError(f"no data position after rollout {rollout_id} was kept")
+        with self._lock:
+            if rollout_id in self.kept:
+                shutil.copytree(self.directory / str(rollout_id), target, dirs_exist_ok=True)
+            elif self.generated == rollout_id:
+                self.data_source.save(rollout_id, target)
+            else:
+                raise RuntimeError(
+                    f"no data position after rollout {rollout_id} was kept (kept: {self.kept}, "
+                    f"last generated: {self.generated})"
+                )

@@ -211,7 +211,8 @@ async def generate_turn(
     the budget is spent. Within a rollout it is first capped to the engines' context length minus the
     input (SGLang answers a request over it with HTTP 400, which would stop the run); a turn so capped
     is ``context_capped``, and one whose input alone fills the context is answered TRUNCATED without a
-    request.
+    request, its ``finish_reason`` saying so (``append_model_turn`` makes a sample left without a
+    response token by it FAILED).
     """
     return (await generate_turns(args, [input_ids], sampling_params, indices=[index]))[0]
 
@@ -246,9 +247,10 @@ async def generate_turns(
             budget = min(budget, max(limit - len(input_ids), 0))
         if budget <= 0:
             capped = budget < asked[i]
-            turns[i] = Turn(
-                [], [], "", Sample.Status.TRUNCATED, "", {"type": "length"}, context_capped=capped
-            )
+            reason: dict[str, Any] = {"type": "length"}
+            if capped:
+                reason["message"] = f"its {len(input_ids)} input tokens fill the context length of {limit}"
+            turns[i] = Turn([], [], "", Sample.Status.TRUNCATED, "", reason, context_capped=capped)
         else:
             batches.setdefault(budget, []).append(i)
 
@@ -284,7 +286,7 @@ async def _post_generate(
     if context is not None:
         reply = await _post_with_retries(context, url, payload)
     else:
-        async with aiohttp.ClientSession() as session:  # outside a rollout, e.g. a quick script
+        async with aiohttp.ClientSession() as session:  # outside a rollout
             reply = await post_json(session, url, payload)
     if reply is None:
         return [None] * len(inputs)
@@ -358,6 +360,30 @@ def append_model_turn(sample: Sample, turn: Turn) -> None:
     sample.status = turn.status
     if turn.context_capped:
         sample.metadata["context_capped"] = True
+    if sample.finished and not sample.response_length:  # e.g. a prompt that fills the context
+        reason = turn.finish_reason.get("message", f"{turn.status.value} without a response token")
+        fail_without_response(sample, reason)
+
+
+def fail_without_response(sample: Sample, reason: str) -> None:
+    """Makes a finished sample that has no response token FAILED, carried by a two-token stub.
+
+    The trainer scores response tokens: a sequence without one is refused (``check_train_data``), which
+    stops the whole rollout, and ``--auto-resume`` would only replay the same stop. FAILED keeps the
+    sample's place in its group, counts it in ``rollout/failed_ratio`` and leaves it out of the loss
+    (loss mask 0) and out of its group's reward statistics. Its tokens become the prompt's first and
+    last one, the last standing in as a response of loss mask 0 (log-prob placeholder 0.0, never read
+    under a zero mask), so that it costs the trainer two positions: the whole prompt may be longer
+    than the context and than ``--max-tokens-per-gpu``. ``metadata["error"]`` keeps ``reason``
+    unless the sample already has one.
+    """
+    sample.tokens = [sample.tokens[0], sample.tokens[-1]]
+    sample.response_length = 1
+    sample.loss_mask = [0]
+    if sample.rollout_log_probs is not None:
+        sample.rollout_log_probs = [0.0]
+    sample.status = Sample.Status.FAILED
+    sample.metadata.setdefault("error", reason)
 
 
 def append_env_output(sample: Sample, token_ids: list[int], text: str) -> None:
@@ -377,7 +403,8 @@ def complete_generated(args: argparse.Namespace, sample: Sample, plugin: str) ->
 
     The text form sets ``response`` and leaves the response tokens out (a generate that posts ``text``
     to the router): its response is tokenized after the prompt's ids, trained with loss mask 1 and no
-    rollout log-probs, and marked COMPLETED unless the plugin set another finished status. A sample
+    rollout log-probs, and marked COMPLETED unless the plugin set another finished status. A finished
+    sample without a response token becomes FAILED (``fail_without_response``). A sample
     still PENDING otherwise would never be scored and its prompt group never finish, so it raises
     ``RolloutError`` naming the plugin and what it must set.
     """
@@ -391,6 +418,10 @@ def complete_generated(args: argparse.Namespace, sample: Sample, plugin: str) ->
         sample.rollout_log_probs = None
         if sample.status == Sample.Status.PENDING:
             sample.status = Sample.Status.COMPLETED
+    if sample.finished and not sample.response_length:
+        start_sample(args, sample)
+        reason = f"--custom-generate-function-path {plugin} returned it {sample.status.value} without tokens"
+        fail_without_response(sample, reason)
     if sample.status == Sample.Status.PENDING:
         raise RolloutError(
             f"--custom-generate-function-path {plugin} returned sample {sample.index} still pending "

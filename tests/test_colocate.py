@@ -8,6 +8,7 @@ engine tensor equals the trainer's, and both sides' recorded memory events came 
 
 from __future__ import annotations
 
+import importlib.util
 import pickle
 import subprocess
 import sys
@@ -221,3 +222,32 @@ def test_colocation_flags_that_cannot_work_are_one_line_errors(
         parse_args(argv)
     err = capsys.readouterr().err.strip().splitlines()
     assert exc.value.code == 2 and len(err) == 1 and err[0].startswith(f"error: {flag}: "), err
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("torch_memory_saver") is not None, reason="SGLang can colocate here"
+)
+@pytest.mark.parametrize("gpu", [False, True])
+def test_colocate_with_sglang_says_it_needs_gpus_where_there_are_none(
+    tiny_models, reverse_task, capsys, monkeypatch, gpu
+):
+    """Without a GPU, installing torch_memory_saver (CUDA only) cannot help: the error says so. The
+    torch engine colocates on CPU (the tests above), so only SGLang's case is refused."""
+    monkeypatch.setattr("slime.utils.device.has_gpu", lambda: gpu)
+    argv = [*model_args(), "--hf-checkpoint", str(tiny_models["qwen2"]), "--prompt-data", str(reverse_task)]
+    argv += ["--rollout-batch-size", "4", "--lr", "1e-6", "--num-rollout", "1"]
+    with pytest.raises(SystemExit):
+        parse_args([*argv, "--colocate", "--rollout-backend", "sglang"])
+    err = capsys.readouterr().err.strip().splitlines()
+    if gpu:
+        assert err == [
+            "error: --colocate: starts SGLang with --enable-memory-saver, which needs the Python package "
+            "torch_memory_saver, not installed here; pip install torch_memory_saver (the Docker image "
+            "has it) or drop --colocate"
+        ]
+    else:
+        assert err == [
+            "error: --colocate: needs GPUs with SGLang engines (they take turns on them through "
+            "--enable-memory-saver, which pauses CUDA memory) and no GPU is visible here; run on GPU "
+            "nodes, or use --rollout-backend torch, which colocates on CPU"
+        ]

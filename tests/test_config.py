@@ -223,6 +223,36 @@ def test_load_debug_rollout_data_implies_train_only_and_skips_existence(hf: str)
     assert args.debug_train_only and args.rollout_num_gpus == 0
 
 
+OUTPUT_FLAGS = ["--save", "--critic-save", "--save-hf", "--eval-output-dir", "--tb-dir"]
+
+
+@pytest.mark.parametrize("flag", [*OUTPUT_FLAGS, "--update-weight-disk-dir", "--save-debug-rollout-data"])
+def test_an_output_directory_that_cannot_be_written_is_refused_before_anything_starts(
+    hf: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str
+) -> None:
+    """Before, ``--save`` there started every process and ended in the trainer's FileNotFoundError."""
+    in_the_way = tmp_path / "a_file"
+    in_the_way.write_text("")
+    file_in_the_way = f"cannot create {in_the_way}/ckpt: {in_the_way} is a file; pass a directory path"
+    # root passes os.access on /proc, where no directory can be made
+    no_dir = (
+        "cannot write /proc/slime/ckpt (No such file or directory in /proc); pass a directory you can write"
+    )
+    for directory, problem in [(f"{in_the_way}/ckpt", file_in_the_way), ("/proc/slime/ckpt", no_dir)]:
+        value = f"{directory}/rollout_{{rollout_id}}.pt" if flag == "--save-debug-rollout-data" else directory
+        assert expect_error(capsys, base(hf, flag, value), flag) == f"error: {flag}: {problem}"
+
+
+def test_output_directories_to_be_made_are_accepted_and_the_check_leaves_nothing(
+    hf: str, tmp_path: Path
+) -> None:
+    argv = base(hf, "--save-debug-rollout-data", "rollout_{rollout_id}.pt")  # in the working directory
+    for flag in OUTPUT_FLAGS:
+        argv += [flag, str(tmp_path / "new" / flag.strip("-"))]
+    args = parse_args(argv)
+    assert args.save == str(tmp_path / "new" / "save") and list(tmp_path.iterdir()) == [tmp_path / "hf"]
+
+
 # --- SGLang pass-through -----------------------------------------------------------------------
 
 

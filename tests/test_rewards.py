@@ -13,6 +13,7 @@ from argparse import Namespace
 import pytest
 from conftest import with_http_server
 
+from slime.rollout.errors import RolloutError
 from slime.rollout.rewards import (
     RewardError,
     compute_reward,
@@ -22,6 +23,7 @@ from slime.rollout.rewards import (
     normalize_answer,
     score_groups,
 )
+from slime.rollout.rewards.failures import RewardFailureStreak
 from slime.rollout.sample import Sample
 
 
@@ -252,3 +254,79 @@ def test_remote_rm_timeout_and_refused_connection_are_clear_errors():
         url = f"http://127.0.0.1:{s.getsockname()[1]}/reward"
     with pytest.raises(RewardError, match=f"cannot reach reward model {re.escape(url)}"):
         run(post_reward(url, {}, timeout=2))
+
+
+@pytest.mark.parametrize("returned", ["float('nan')", "None", "'good'", "1 / 0"])
+def test_a_reward_failing_on_every_sample_stops_the_run_after_the_limit_of_rollouts_in_a_row(
+    tmp_path, returned
+):
+    """NaN, None, a string or an exception: each rollout all FAILED counts; one good one resets."""
+    (tmp_path / "broken_reward.py").write_text(f"def reward(args, sample):\n    return {returned}\n")
+    path = f"{tmp_path / 'broken_reward.py'}:reward"
+    args = Namespace(**vars(rm_args(custom_rm_path=path)), max_failed_reward_rollouts=2)
+    streak = RewardFailureStreak.from_args(args)
+
+    def rollout(rollout_id: int, *responses: str) -> None:
+        groups = groups_of(list(responses))
+        run(score_groups(args, groups))
+        streak.observe(rollout_id, groups)
+
+    rollout(0, "a", "b")
+    streak.observe(1, groups_of(["a"], ["b"]))  # samples not FAILED (a working reward's): the streak resets
+    rollout(2, "a", "b")
+    with pytest.raises(RolloutError) as stopped:
+        rollout(3, "c")
+    message = str(stopped.value)
+    assert message.startswith(
+        f"the reward function --custom-rm-path {path} failed on every sample of rollouts 2-3 "
+        "(2 in a row, --max-failed-reward-rollouts 2), e.g. sample 0: "
+    ), message
+    assert "\n" not in message and message.endswith("under --reward-key)")
+
+
+def test_max_failed_reward_rollouts_0_never_stops_and_the_function_is_named_as_it_was_chosen():
+    failed = groups_of(["a"])
+    failed[0][0].status = Sample.Status.FAILED
+    failed[0][0].metadata["error"] = "its 600 input tokens fill the context length of 512"
+    once = RewardFailureStreak.from_args(
+        Namespace(**vars(rm_args(rm_type="math")), max_failed_reward_rollouts=1)
+    )
+    once.observe(6, failed)  # failed in generation: not the reward function's doing
+    failed[0][0].metadata["reward_error"] = "ValueError: judge said\nmore"
+    never = RewardFailureStreak.from_args(
+        Namespace(**vars(rm_args(rm_type="math")), max_failed_reward_rollouts=0)
+    )
+    for rollout_id in range(5):
+        never.observe(rollout_id, failed)
+    with pytest.raises(RolloutError) as stopped:
+        once.observe(7, failed)
+    assert str(stopped.value) == (
+        "the reward function --rm-type math failed on every sample of rollout 7 (1 in a row, "
+        "--max-failed-reward-rollouts 1), e.g. sample 0: ValueError: judge said; fix it (it must return "
+        "a finite number, or a dict holding one under --reward-key)"
+    )
+    failed[0][0].metadata["rm_type"] = "f1"  # the data's own choice wins over --rm-type
+    with pytest.raises(
+        RolloutError, match=r"^the reward function rm_type 'f1' \(of the sample's data\) failed "
+    ):
+        once.observe(8, failed)
+
+
+@pytest.mark.e2e
+def test_train_py_stops_in_one_line_when_the_reward_fails_on_every_sample(tiny_run_flags, tmp_path):
+    """Before, every sample's failure was a warning and the run went on training on nothing."""
+    from test_train_loop import ONE_PER_SIDE, run_train
+
+    (tmp_path / "nan_reward.py").write_text("def reward(args, sample):\n    return float('nan')\n")
+    path = f"{tmp_path / 'nan_reward.py'}:reward"
+    flags = tiny_run_flags(
+        "--debug-rollout-only", "--max-failed-reward-rollouts", "2", "--tb-dir", str(tmp_path / "tb"),
+        **(ONE_PER_SIDE | {"lr": None, "rm_type": None}), custom_rm_path=path, num_rollout=3,
+    )  # fmt: skip
+    result = run_train(flags, exit_code=1)
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert f" ERROR slime: the reward function --custom-rm-path {path} failed on every sample of " in last
+    assert "of rollouts 0-1 (2 in a row, --max-failed-reward-rollouts 2), e.g. sample " in last
+    assert ": RewardError: reward function returned nan for sample " in last
+    assert last.endswith("; every process of the run was stopped"), last

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -16,11 +18,13 @@ from pathlib import Path
 import pytest
 import ray
 import torch
+from conftest import REPO
 from test_ray_cluster import write_stale_cluster_file
 from test_train_loop import ONE_PER_SIDE, read_events, run_train
 
 from slime.ray.errors import TrainerFailure
-from slime.ray.trainer_group import KILL_AT_ROLLOUT_ENV, KILL_MARKER_ENV, wait_for_ranks
+from slime.ray.trainer_faults import KILL_AT_ROLLOUT_ENV, KILL_MARKER_ENV, TrainerKill
+from slime.ray.trainer_group import wait_for_ranks
 from slime.weight_sync.engine_client import EngineCallError
 
 NODES = ["10.0.0.2", "10.0.0.3"]
@@ -103,6 +107,28 @@ def test_after_a_failure_the_group_refuses_calls_at_once_and_stops_without_waiti
         assert time.monotonic() - start < 10
     finally:
         release_placement_group(pg)
+
+
+def test_the_rank_kill_is_armed_only_by_the_tests_environment_and_fires_once(tmp_path, monkeypatch):
+    """A real run builds no kill, so its ranks never reach the test hook; an armed one fires at its
+    rollout only, saving what the rank was given, and its marker disarms it for the resumed run."""
+    monkeypatch.delenv(KILL_AT_ROLLOUT_ENV, raising=False)
+    monkeypatch.setenv(KILL_MARKER_ENV, str(tmp_path / "unused"))
+    assert TrainerKill.from_env() is None
+    marker = tmp_path / "killed.pt"
+    monkeypatch.setenv(KILL_AT_ROLLOUT_ENV, "2")
+    monkeypatch.setenv(KILL_MARKER_ENV, str(marker))
+    assert TrainerKill.from_env() == TrainerKill(2, str(marker))
+    TrainerKill(2, str(marker)).before_training(1, {})  # another rollout: the caller goes on
+    rank = (
+        "from slime.ray.trainer_faults import TrainerKill; "
+        f"TrainerKill(2, {str(marker)!r}).before_training(2, {{'tokens': [[1, 2]]}}); print('trained')"
+    )
+    killed = subprocess.run([sys.executable, "-c", rank], cwd=REPO, capture_output=True, text=True)
+    assert (killed.returncode, killed.stdout) == (1, "")
+    assert torch.load(marker, weights_only=True) == {"tokens": [[1, 2]]}
+    resumed = subprocess.run([sys.executable, "-c", rank], cwd=REPO, capture_output=True, text=True)
+    assert (resumed.returncode, resumed.stdout) == (0, "trained\n")
 
 
 # --- a killed trainer rank in a real run -------------------------------------------------------------

@@ -288,6 +288,14 @@ def add_reward_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--reward-key", type=str, default=None, help="Key to read when the reward function returns a dict."
     )
+    g.add_argument(
+        "--max-failed-reward-rollouts",
+        type=non_negative_int,
+        default=3,
+        metavar="N",
+        help="Stop the run, naming the reward function, after N rollouts in a row in which it failed on "
+        "every sample (raised, or returned no finite number); 0: never stop.",
+    )
 
 
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:

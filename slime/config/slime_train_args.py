@@ -276,11 +276,13 @@ def add_debug_arguments(parser: argparse.ArgumentParser) -> None:
         "--save-debug-rollout-data",
         type=str,
         default=None,
-        help="Save each rollout to this path pattern, which must contain {rollout_id}.",
+        help="Save each rollout's train data to this path pattern, which must contain {rollout_id} "
+        "(plain values only: numbers, strings, lists, dicts, tensors).",
     )
     g.add_argument(
         "--load-debug-rollout-data",
         type=str,
         default=None,
-        help="Train on rollouts saved with this {rollout_id} pattern (implies --debug-train-only).",
+        help="Train on rollouts saved with this {rollout_id} pattern (implies --debug-train-only); "
+        "loaded with torch.load(weights_only=True), so a file cannot run code.",
     )

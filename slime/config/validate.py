@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import os
 import re
+import tempfile
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -143,6 +144,41 @@ def _check_paths(args: argparse.Namespace) -> None:
         raise ConfigError(
             "--ref-load", f"{args.ref_load} does not exist; pass the reference checkpoint directory"
         )
+    _check_output_dirs(args)
+
+
+def _check_output_dirs(args: argparse.Namespace) -> None:
+    """Every directory the run writes to can be created and written, checked by making (and removing) a
+    directory in its nearest existing parent: a checkpoint directory that cannot be written would
+    otherwise fail in the trainer at the first save, after every process started (or at the end of
+    the run, for --save-hf). ``os.access`` is not enough: root may "write" to /proc."""
+    debug_dump = args.save_debug_rollout_data
+    dirs = {
+        "--save": args.save,
+        "--critic-save": args.critic_save,
+        "--save-hf": args.save_hf,
+        "--eval-output-dir": args.eval_output_dir,
+        "--tb-dir": args.tb_dir,
+        "--update-weight-disk-dir": args.update_weight_disk_dir,
+        "--save-debug-rollout-data": (os.path.dirname(debug_dump) or ".") if debug_dump else None,
+    }
+    for flag, directory in dirs.items():
+        if directory is not None:
+            _check_writable_dir(flag, directory)
+
+
+def _check_writable_dir(flag: str, directory: str) -> None:
+    existing = os.path.abspath(directory)
+    while not os.path.exists(existing):  # also False where a parent cannot be searched
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ConfigError(flag, f"cannot create {directory}: {existing} is a file; pass a directory path")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".slime-write-check-", dir=existing))
+    except OSError as e:
+        raise ConfigError(
+            flag, f"cannot write {directory} ({e.strerror} in {existing}); pass a directory you can write"
+        ) from e
 
 
 def _check_data_loading(args: argparse.Namespace) -> None:
@@ -635,8 +671,17 @@ def _check_engine_backend(args: argparse.Namespace) -> None:
     if resolve_backend(args) != "sglang":
         return
     from slime.backends.sglang import missing_server_requirements
+    from slime.utils.device import has_gpu
 
     for flag, server_flag, module in missing_server_requirements(args):
+        # torch_memory_saver pauses CUDA allocations: without a GPU no install makes --colocate work.
+        if module == "torch_memory_saver" and not has_gpu():
+            raise ConfigError(
+                flag,
+                f"needs GPUs with SGLang engines (they take turns on them through {server_flag}, which "
+                "pauses CUDA memory) and no GPU is visible here; run on GPU nodes, or use "
+                "--rollout-backend torch, which colocates on CPU",
+            )
         raise ConfigError(
             flag,
             f"starts SGLang with {server_flag}, which needs the Python package {module}, not installed "

@@ -18,6 +18,7 @@ from typing import Any
 
 import ray
 
+from slime.ray.debug_data import load_rollout_data, save_rollout_data
 from slime.ray.rollout_manager import METRICS_KEY
 from slime.ray.session import TrainingSession
 from slime.utils.metrics import MetricsLogger
@@ -96,23 +97,20 @@ class RolloutLoop:
     def generate(self, rollout_id: int) -> TrainData:
         """One rollout's train data with its metrics under ``"metrics"``.
 
-        Read from ``--load-debug-rollout-data`` when given, dumped to ``--save-debug-rollout-data``.
+        Read from ``--load-debug-rollout-data`` when given, dumped to ``--save-debug-rollout-data``
+        (``slime.ray.debug_data``: plain values only, loaded without running code).
         When a checkpoint is due, the prompt position is saved right here, after this rollout's
         prompts were taken: a loop that generates ahead has taken later ones by the time it trains.
         """
         args = self.args
         start = time.perf_counter()
         if args.load_debug_rollout_data:
-            import torch
-
-            data = torch.load(args.load_debug_rollout_data.format(rollout_id=rollout_id), weights_only=False)
+            data = load_rollout_data(args.load_debug_rollout_data.format(rollout_id=rollout_id))
         else:
             data = ray.get(self.session.rollout.generate.remote(rollout_id))
         data[METRICS_KEY]["perf/rollout_time"] = time.perf_counter() - start
         if args.save_debug_rollout_data:
-            import torch
-
-            torch.save(data, args.save_debug_rollout_data.format(rollout_id=rollout_id))
+            save_rollout_data(data, args.save_debug_rollout_data.format(rollout_id=rollout_id))
         if should_run(args.save_interval, rollout_id, args.num_rollout):
             ray.get(self.session.rollout.save.remote(rollout_id))
         return data

@@ -45,6 +45,7 @@ from slime.rollout.evaluation import EvalSet, eval_output_dir, write_eval_sample
 from slime.rollout.output import RolloutOutput
 from slime.rollout.prompt_files import PromptFormat, load_prompts, load_tokenizer
 from slime.rollout.prompt_index import PromptIndex
+from slime.rollout.rewards.failures import RewardFailureStreak
 from slime.rollout.router import Router
 from slime.rollout.sample import Sample
 from slime.utils.plugins import load_function
@@ -226,6 +227,7 @@ class RolloutManager:
         self.data_source = data_source if data_source is not None else make_data_source(args, prompt_index)
         self.rollout_fn = RolloutFunction(args.rollout_function_path)
         self.eval_datasets = eval_datasets if eval_datasets is not None else load_eval_datasets(args)
+        self.reward_failures = RewardFailureStreak.from_args(args)  # --max-failed-reward-rollouts
         self.recovery: EngineRecovery | None = None  # --use-fault-tolerance, once the engines are up
         self.watch: EngineWatch | None = None  # otherwise: a failed engine stops the run
         self._fault_reported: dict[str, float] = {}
@@ -267,6 +269,7 @@ class RolloutManager:
             self.positions.keep(rollout_id - 1)
         with self._failures_named():
             output, seconds = self.rollout_fn(self.args, rollout_id, self.data_source)
+        self.reward_failures.observe(rollout_id, output.groups)
         require_rollout_log_probs(self.args, output.groups)
         data: dict[str, Any] = samples_to_train_data(output.groups, self.args.reward_key)
         metrics = rollout_metrics(output.groups, seconds, self.args.reward_key)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -27,6 +26,7 @@ from slime.backends.megatron.batching import TrainData, check_token_budget
 from slime.backends.megatron.policy_inputs import DataParallel, PolicyInputs, step_shard
 from slime.ray.cluster import actor_gpus
 from slime.ray.errors import TrainerFailure
+from slime.ray.trainer_faults import TrainerKill
 from slime.utils.device import import_megatron_core, worker_env
 from slime.utils.http import free_port
 from slime.weight_sync.engine_client import EngineCallError
@@ -35,30 +35,16 @@ from slime.weight_sync.settings import WeightSyncSettings
 logger = logging.getLogger(__name__)
 
 
-KILL_AT_ROLLOUT_ENV = "SLIME_TEST_KILL_TRAINER_AT_ROLLOUT"
-KILL_MARKER_ENV = "SLIME_TEST_KILL_TRAINER_MARKER"
-
-
-def die_once_for_test(rollout_id: int, data: TrainData) -> None:
-    """The fault-tolerance tests' hook: with ``SLIME_TEST_KILL_TRAINER_AT_ROLLOUT=k`` and
-    ``SLIME_TEST_KILL_TRAINER_MARKER=FILE`` in the run's environment, the last rank of the group that
-    trains rollout ``k`` first saves the train data it was given to FILE and exits its process at once,
-    as a killed rank does. An existing FILE disarms it, so the run resumed after it goes on."""
-    marker = os.environ.get(KILL_MARKER_ENV)
-    if os.environ.get(KILL_AT_ROLLOUT_ENV) != str(rollout_id) or not marker or os.path.exists(marker):
-        return
-    import torch
-
-    torch.save(data, marker)
-    os._exit(1)
-
-
 @ray.remote(num_gpus=1)
 class TrainerActor:
     """One trainer rank. Megatron is imported inside the actor, never on the driver."""
 
-    def __init__(self, args: argparse.Namespace, rank: int, world_size: int) -> None:
+    def __init__(
+        self, args: argparse.Namespace, rank: int, world_size: int, kill: TrainerKill | None = None
+    ) -> None:
+        """``kill``: the trainer-failure tests' fault (``slime.ray.trainer_faults``); None in a real run."""
         self.args, self.rank, self.world_size = args, rank, world_size
+        self.kill = kill
         self.trainer = None
         self.updater = None
         self.policy_inputs: PolicyInputs | None = None
@@ -97,8 +83,8 @@ class TrainerActor:
         ``update_policy`` False (PPO's ``--num-critic-only-steps`` warm-up) prepares the rollout as usual
         (old/ref log-probs, GAE returns for the critic) but takes no optimizer step. Every step's
         metrics carry ``perf/train_log_probs_time``, the seconds that preparation took once per rollout."""
-        if self.rank == self.world_size - 1:
-            die_once_for_test(rollout_id, data)
+        if self.kill is not None:
+            self.kill.before_training(rollout_id, data)
         if self.trainer.memory.offloaded:
             raise RuntimeError("the trainer's memory is offloaded (--colocate); onload it before training")
         with self._memory_region("train_state"):  # Adam's state is created at the first step
@@ -209,13 +195,14 @@ class TrainerGroup:
         self.failed = False  # a rank died, raised or went silent: the world cannot close cleanly
         world_size = len(bundle_indices)
         env = {"runtime_env": {"env_vars": worker_env(processes_per_node=world_size)}}
+        kill = TrainerKill.from_env()  # armed by the trainer-failure tests only: the last rank dies
         self.actors = [
             TrainerActor.options(
                 num_cpus=0,
                 num_gpus=actor_gpus(args, "trainer"),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index),
                 **env,
-            ).remote(args, rank, world_size)
+            ).remote(args, rank, world_size, kill if rank == world_size - 1 else None)
             for rank, index in enumerate(bundle_indices)
         ]
 

@@ -63,9 +63,18 @@ def test_colocated_rollouts_hand_weights_over_in_place(ray_cluster, tiny_run_fla
     with TrainingSession(args) as session:
         urls = session.engine_urls
         assert len(urls) == 2
+        # Start-up: the engines gave their memory back before the trainer built its model on the same
+        # GPUs, and the trainer has moved nothing yet (before: engines and trainer both held it).
+        for url in urls:
+            assert [(e["event"], e["tags"]) for e in engine_events(url)] == [
+                ("release_memory_occupation", ["weights", "kv_cache"])
+            ]
+        assert session.trainer.memory_events() == []
+        released_at = max(engine_events(url)[0]["at"] for url in urls)
         session.push_weights(1)
         session.hand_gpus_to_engines()  # the trainer's state leaves its GPU; the engines keep theirs
         assert trainer_steps(session, 0) == [("offload", "train_state"), ("offload", "weights")]
+        assert released_at < session.trainer.memory_events()[0].at
         previous = assert_engines_equal_trainer(session, urls, "1")
         before = {url: len(engine_events(url)) for url in urls}
         for rollout_id in range(2):

@@ -20,6 +20,7 @@ def cluster_args(**overrides: object) -> argparse.Namespace:
         "ray_address": None, "debug_rollout_only": False, "debug_train_only": False, "colocate": False,
         "actor_num_nodes": 1, "actor_num_gpus_per_node": 1, "rollout_num_gpus": 1,
         "advantage_estimator": "grpo", "loss_type": "policy_loss",
+        "rollout_external_engine_addrs": None, "sglang_server_args": {},
     }  # fmt: skip
     return argparse.Namespace(**{**values, **overrides})
 

@@ -353,6 +353,26 @@ def test_health_generate_is_a_get_answering_200_or_503_with_no_body(release: str
 
 
 @pytest.mark.parametrize("release", RELEASES)
+def test_health_is_the_generating_probe_and_waits_while_paused(release: str) -> None:
+    """Why slime starts sglang-router with its health checks off (``slime.rollout.router``) and the
+    torch engine's ``/health`` generates: ``/health`` and ``/health_generate`` are one handler, a
+    one-token generation unless ``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION`` (default true) is off,
+    failing after ``SGLANG_HEALTH_CHECK_TIMEOUT`` (20 s) without output; and a generation waits while
+    the engine is paused (``tokenizer_manager`` waits on ``is_pause_cond``)."""
+    root = source(release)
+    text = (root / "entrypoints" / "http_server.py").read_text()
+    assert '@app.get("/health")\n@app.get("/health_generate")\nasync def health_generate(' in text
+    assert 'HEALTH_CHECK_TIMEOUT = int(os.getenv("SGLANG_HEALTH_CHECK_TIMEOUT", 20))' in text
+    body = text[text.index("async def health_generate(") :]
+    body = body[: body.index("\n@app.")]
+    assert "not envs.SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION.get()" in body
+    assert '"max_new_tokens": 1' in body and "generate_request(gri, request)" in body
+    assert "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION = EnvBool(True)" in (root / "environ.py").read_text()
+    manager = (root / "managers" / "tokenizer_manager.py").read_text()
+    assert "await self.is_pause_cond.wait_for(lambda: not self.is_pause)" in manager
+
+
+@pytest.mark.parametrize("release", RELEASES)
 @pytest.mark.parametrize(("model", "gate"), [("deepseek_v2", "MoEGate"), ("glm4_moe", "Glm4MoeGate")])
 def test_the_expert_score_bias_is_a_gate_parameter_a_push_can_name(
     release: str, model: str, gate: str

@@ -35,12 +35,17 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[1]
 MAX_RUNNING = 4
 DIST_TIMEOUT_S = 3  # a collective whose peer never comes fails after this long (engine env below)
+HEALTH_TIMEOUT_S = 2  # SGLANG_HEALTH_CHECK_TIMEOUT: a health check without a generation is 503 after it
 
 
 def _start_engine(model: Path, log: Path, *extra: str) -> EngineServer:
     # One intra-op thread: the tiny model gains nothing from more, and on a shared 2-core machine spinning
     # OpenMP workers of two processes (engine and test) slow each other down many times over.
-    env = {"SLIME_TORCH_ENGINE_DIST_TIMEOUT": str(DIST_TIMEOUT_S), "OMP_NUM_THREADS": "1"}
+    env = {
+        "SLIME_TORCH_ENGINE_DIST_TIMEOUT": str(DIST_TIMEOUT_S),
+        "SGLANG_HEALTH_CHECK_TIMEOUT": str(HEALTH_TIMEOUT_S),
+        "OMP_NUM_THREADS": "1",
+    }
     command = serving(model, "--log-level", "warning", *extra)
     return start_engine_server("torch engine", command, log, timeout_s=120, env=env)
 
@@ -732,6 +737,33 @@ def test_update_weights_from_disk_and_weight_version(engine, hf, model_dir, tmp_
     assert bumped == {"success": True, "message": "Weight version updated to d2", "new_version": "d2"}
 
 
+def engine_state_info(url: str) -> dict:
+    return requests.get(f"{url}/get_server_info").json()
+
+
+def test_health_is_a_generation_that_a_pause_holds_until_503_as_sglang(engine):
+    """SGLang 0.5.19-0.5.23 serve ``/health`` and ``/health_generate`` with one handler
+    (``entrypoints/http_server.py`` ``health_generate``; ``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION``
+    defaults to true in ``srt/environ.py``): a one-token generation, 503 when nothing came back within
+    ``SGLANG_HEALTH_CHECK_TIMEOUT``. While paused the generation waits, so a router's health check
+    drops a paused engine (seen on a real 0.5.23 server: 503 after ≈ 20 s)."""
+    assert requests.get(f"{engine}/health").status_code == 200
+    requests.post(f"{engine}/pause_generation", json={"mode": "abort"})
+    try:
+        for path in ("/health", "/health_generate"):
+            start = time.monotonic()
+            assert requests.get(f"{engine}{path}", timeout=30).status_code == 503
+            assert HEALTH_TIMEOUT_S <= time.monotonic() - start < HEALTH_TIMEOUT_S + 5
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:  # a resume within the timeout: 200
+            held = pool.submit(requests.get, f"{engine}/health", timeout=30)
+            time.sleep(0.5)
+            assert not held.done()
+            requests.post(f"{engine}/continue_generation", json={})
+            assert held.result().status_code == 200
+    finally:
+        requests.post(f"{engine}/continue_generation", json={})
+
+
 def test_release_and_resume_memory_occupation(engine, model_dir, restore_weights):
     params = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
     before = generate(engine, text="mem", sampling_params=params)["output_ids"]
@@ -742,7 +774,11 @@ def test_release_and_resume_memory_occupation(engine, model_dir, restore_weights
     assert generate(engine, text="mem", sampling_params=params)["output_ids"] == before
 
     requests.post(f"{engine}/release_memory_occupation", json={})  # tags null: everything
-    assert requests.get(f"{engine}/health_generate").status_code == 200  # parked, not dead
+    refused_before = engine_state_info(engine)["generations_while_released"]
+    # A health check is a generation (SGLang's /health too): never to be sent to a released engine,
+    # refused and counted when it is.
+    assert requests.get(f"{engine}/health").status_code == 503
+    assert engine_state_info(engine)["generations_while_released"] == refused_before + 1
     assert (
         requests.get(f"{engine}/get_weights_by_name", json={"name": "model.norm.weight"}).status_code == 400
     )

@@ -88,6 +88,7 @@ class FallbackServerArgs:
     load_format: str = "auto"
     trust_remote_code: bool = False
     served_model_name: str | None = None
+    api_key: str | None = None
     device: str | None = None
     context_length: int | None = None
     mem_fraction_static: float | None = None

@@ -21,6 +21,7 @@ __all__ = ["DEFAULT_ROLLOUT_FUNCTION_PATH", "PLUGIN_FLAGS", "add_slime_arguments
 def add_slime_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add slime's own argument groups, in the order a user reads a launch script."""
     rollout.add_cluster_arguments(parser)
+    rollout.add_router_arguments(parser)
     rollout.add_rollout_arguments(parser)
     rollout.add_fault_tolerance_arguments(parser)
     rollout.add_data_arguments(parser)

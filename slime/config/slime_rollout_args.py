@@ -33,7 +33,8 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="HOST:PORT",
         help="Engines already running outside this run (SGLang protocol): added to the router and "
-        "updated with the others, never started or stopped by slime.",
+        "updated with the others, never started or stopped by slime. An engine started with "
+        "--api-key K needs --sglang-api-key K here (the run's own engines then get K too).",
     )
     g.add_argument(
         "--rollout-backend",
@@ -56,6 +57,28 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=8,
         help="GPUs per physical node; engines larger than this span nodes.",
+    )
+
+
+def add_router_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group(
+        "slime: router",
+        "sglang-router runs with its health checks, circuit breaker and retries off (slime probes the "
+        "engines itself and retries under --use-fault-tolerance; README, Fault tolerance).",
+    )
+    g.add_argument(
+        "--router-request-timeout",
+        type=positive_float,
+        default=6 * 3600.0,
+        help="Seconds the router lets one /generate run before it fails it (sglang-router's default, "
+        "1800, cuts long generations of large models).",
+    )
+    g.add_argument(
+        "--router-extra-args",
+        type=str,
+        default="",
+        metavar="FLAGS",
+        help="More sglang-router flags, one string, after slime's (e.g. '--policy cache_aware').",
     )
 
 

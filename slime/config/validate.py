@@ -299,6 +299,17 @@ def _derive_model(args: argparse.Namespace, given: Callable[[str], bool]) -> Non
         args.expert_tensor_parallel_size = args.tensor_model_parallel_size
 
 
+def _check_router(args: argparse.Namespace) -> None:
+    from slime.rollout.router import RouterSettings
+
+    try:
+        settings = RouterSettings.from_args(args)
+    except ValueError as exc:  # shlex: an unbalanced quote
+        raise ConfigError("--router-extra-args", f"cannot be split into flags: {exc}") from None
+    if settings.extra_args and (problem := settings.check()) is not None:
+        raise ConfigError("--router-extra-args", f"sglang-router refuses them: {problem}")
+
+
 def _check_cluster(args: argparse.Namespace) -> None:
     args.world_size = args.actor_num_nodes * args.actor_num_gpus_per_node
     trainer = (
@@ -321,6 +332,7 @@ def _check_cluster(args: argparse.Namespace) -> None:
                 "required without --colocate; pass the engines' GPU count or add --colocate",
             )
         args.rollout_num_gpus = 0  # SFT and train-only debugging start no engines
+    _check_router(args)
     per_engine, per_node = args.rollout_num_gpus_per_engine, args.num_gpus_per_node
     if args.rollout_num_gpus % per_engine:
         raise ConfigError(

@@ -7,11 +7,14 @@ scheduling are exactly those of a GPU cluster.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import os
+import secrets
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
@@ -20,6 +23,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from slime.ray.critic import critic_gpus
 from slime.ray.errors import RayClusterUnreachable
 from slime.utils.device import has_gpu
+from slime.utils.http import ENGINE_API_KEY_ENV
 
 
 def trainer_gpus(args: argparse.Namespace) -> int:
@@ -51,26 +55,87 @@ def start_ray(args: argparse.Namespace) -> None:
 
     A cluster of its own is started as ``address="local"``: a bare ``ray.init()`` would join the
     cluster a past ``ray start`` recorded in ``ray_current_cluster`` in Ray's temp dir, which stays
-    there after that cluster dies without ``ray stop``."""
+    there after that cluster dies without ``ray stop``.
+
+    Who can reach the run: a cluster of its own is one node, so unless the run has external engines
+    on other hosts it runs on 127.0.0.1 (``_on_loopback``): Ray, the engines (``EngineActor`` serves on
+    the node address Ray reports), the weight-update rendezvous and gloo listen on loopback only.
+    Otherwise engines listen on their node's address and the run has an engine key (``run_api_key``)
+    that every engine demands and every slime client sends. The key reaches every process of the run
+    as ``ENGINE_API_KEY_ENV``: this process's environment, and the job's Ray runtime_env for actors.
+    """
     if ray.is_initialized():
         return
     flag, address = "--ray-address", args.ray_address
     if not address:
         flag, address = "RAY_ADDRESS", os.environ.get("RAY_ADDRESS")
+    loopback = not address and all(is_loopback(addr) for addr in args.rollout_external_engine_addrs or [])
+    key = run_api_key(args, loopback)
+    env_vars = {ENGINE_API_KEY_ENV: key} if key else {}
+    if key:
+        os.environ[ENGINE_API_KEY_ENV] = key
+    else:  # a key left by an earlier run in this process must not reach this run's engines
+        os.environ.pop(ENGINE_API_KEY_ENV, None)
     if address:
         check_reachable(address, flag)
-        ray.init(address=address)
+        ray.init(address=address, runtime_env={"env_vars": env_vars} if env_vars else None)
         return
     # Token auth guards shared clusters; a cluster this process starts for itself needs none.
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if loopback and "GLOO_SOCKET_IFNAME" not in os.environ:  # else gloo listens on the hostname's address
+        env_vars["GLOO_SOCKET_IFNAME"] = "lo"
     num_gpus = None if has_gpu() else total_gpus(args)
-    ray.init(
-        address="local",
-        num_gpus=num_gpus,
-        include_dashboard=False,
-        logging_level="warning",
-        log_to_driver=True,
-    )
+    with _on_loopback() if loopback else contextlib.nullcontext():
+        ray.init(
+            address="local",
+            num_gpus=num_gpus,
+            include_dashboard=False,
+            logging_level="warning",
+            log_to_driver=True,
+            runtime_env={"env_vars": env_vars} if env_vars else None,
+            _node_ip_address="127.0.0.1" if loopback else None,
+        )
+
+
+def is_loopback(addr: str) -> bool:
+    """Whether ``addr`` (``HOST:PORT``, ``http://HOST:PORT``) names this machine's loopback interface."""
+    host = urlsplit(addr if "://" in addr else f"http://{addr}").hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name
+        return False
+
+
+def run_api_key(args: argparse.Namespace, loopback: bool) -> str | None:
+    """The run's engine key: ``--sglang-api-key`` when given (external engines expect theirs), else a
+    new secret for a run that other hosts can reach, else None (a run on loopback only).
+
+    Hex, not ``token_urlsafe``: a key that starts with ``-`` would be read as a flag by the servers'
+    argument parsers."""
+    given = (args.sglang_server_args or {}).get("api_key")
+    if given:
+        return str(given)
+    return None if loopback else secrets.token_hex(32)
+
+
+@contextlib.contextmanager
+def _on_loopback() -> Iterator[None]:
+    """Makes ``ray.init`` start its node on 127.0.0.1. Ray turns a loopback ``_node_ip_address`` into
+    the node's routable address unless ``ray_constants.ENABLE_RAY_CLUSTER`` is off (its local-only
+    mode, the default on macOS and Windows, ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER``); on a loopback node
+    address Ray 2.60 binds its own servers (GCS, raylet, workers) to loopback too, and every actor's
+    ``ray.util.get_node_ip_address()`` is 127.0.0.1. The switch is read only while a node starts, so
+    it is put back at once (a later ``ray.init`` in this process may join a real cluster)."""
+    from ray._private import ray_constants
+
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
 
 
 RAY_CONNECT_TIMEOUT_S = 10.0

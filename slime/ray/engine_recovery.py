@@ -6,7 +6,9 @@ the engine leaves the router (no new request reaches it; the requests it held fa
 rollout sends them again, ``generate_utils``), every process of it is stopped and it is started
 again on its own bundles (``EnginePool.restart``). It then waits, STALE and out of the router, for
 the next weight push, which gives it the trainer's weights and version (``TrainingSession``
-reconnects the trainer to the engines' new URLs first); ``weights_pushed`` puts it back.
+reconnects the trainer to the engines' new URLs first); ``rejoin_router`` puts it back once the
+engines generate again. While the engines are paused or released the probes only check liveness and
+a restart waits for the resume (``--colocate``: the trainer holds the GPUs then).
 
 Both probe the same way (``engine_health.HealthMonitor``, ``engines.engine_problem``), so a hung engine
 is found in a plain run too: the rollout sets no total timeout on its requests (a long generation is not
@@ -22,13 +24,15 @@ import time
 from collections.abc import Callable
 
 from slime.ray.engine_health import EngineHealth, EngineState, HealthMonitor
-from slime.ray.engines import ADD_FAULT_TOLERANCE, EnginePool, EngineStartError, engine_problem
+from slime.ray.engines import ADD_FAULT_TOLERANCE, EnginePool, engine_problem
 from slime.rollout.errors import EngineFailure
 from slime.rollout.router import Router, RouterError
 
 logger = logging.getLogger(__name__)
 
 RESTART_FAILED = "; its restart failed: "
+PROBE_STRIKES = 2  # failed probe answers in a row that make an engine FAILED
+MAX_FAILED_RESTARTS = 3  # restarts in a row that did not come up before an engine is given up
 
 
 class _ProbedEngines:
@@ -39,16 +43,35 @@ class _ProbedEngines:
         self, args: argparse.Namespace, pool: EnginePool, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.pool, self.clock = pool, clock
-        timeout_s = args.rollout_health_check_timeout
+        self.timeout_s = args.rollout_health_check_timeout
         self.engines = [EngineHealth(rank, url) for rank, url in enumerate(pool.urls)]
         self.monitor = HealthMonitor(
             self.engines,
-            lambda engine: engine_problem(engine.url, pool.exit_codes(engine.rank), timeout_s),
+            self._probe,
             self._on_failure,
             interval_s=args.rollout_health_check_interval,
             first_wait_s=args.rollout_health_check_first_wait,
             clock=clock,
         )
+
+    def _probe(self, engine: EngineHealth, live_only: bool) -> str | None:
+        """Why ``engine`` failed, or None. An answer that is not 200 counts the second time in a row
+        only: SGLang's ``/health_generate`` answers 503 after 20 s without output, and one long chunked
+        prefill gives none (``entrypoints/http_server.py``, 0.5.19-0.5.23). An ended process counts
+        at once."""
+        codes = self.pool.exit_codes(engine.rank)
+        reason = engine_problem(engine.url, codes, self.timeout_s, generate=not live_only)
+        if reason is None or any(code is not None for code in codes):
+            engine.strikes = 0
+            return reason
+        engine.strikes += 1
+        if engine.strikes < PROBE_STRIKES:
+            logger.warning(
+                "engine %d (%s) %s; it fails if the next probe does too", engine.rank, engine.url, reason
+            )
+            return None
+        engine.strikes = 0
+        return reason
 
     def _on_failure(self, engine: EngineHealth, reason: str) -> None:
         raise NotImplementedError
@@ -101,33 +124,67 @@ class EngineRecovery(_ProbedEngines):
 
     def _on_failure(self, engine: EngineHealth, reason: str) -> None:
         """Out of the router, stopped, started again; STALE until the next push (FAILED if it does not
-        come up: the run goes on with the others, the next round tries again, and the run stops when
-        none is left)."""
-        logger.warning("engine %d (%s) %s; restarting it", engine.rank, engine.url, reason)
-        with self._lock:
-            engine.fail(self.clock(), reason)
-        try:
-            self.router.remove_worker(engine.url)
-        except RouterError as exc:  # not listed any more: nothing to take out
-            logger.info("engine %d: %s", engine.rank, exc)
+        come up: the run goes on with the others, the next rounds try again, ``MAX_FAILED_RESTARTS``
+        times in a row, and the run stops when none is left).
+
+        While the monitor is paused the engines are paused for a push or have released their memory
+        (``--colocate``: the trainer holds the GPUs), so the restart waits for the next round after the
+        resume: a fresh engine takes its whole memory share at start."""
+        if engine.failed_restarts >= MAX_FAILED_RESTARTS:
+            return
+        held = self.monitor.paused
+        if engine.state is not EngineState.FAILED:
+            logger.warning("engine %d (%s) %s; restarting it", engine.rank, engine.url, reason)
+            with self._lock:
+                engine.fail(self.clock(), reason)
+            try:
+                self.router.remove_worker(engine.url)
+            except RouterError as exc:  # not listed any more: nothing to take out
+                logger.info("engine %d: %s", engine.rank, exc)
+            if held:
+                self.pool.stop(engine.rank)
+                logger.info("engine %d: it restarts once the engines are resumed", engine.rank)
+        if held:
+            return
         with self._lock:
             engine.restart()
         try:
             url = self.pool.restart(engine.rank)
-        except EngineStartError as exc:
-            logger.error("engine %d did not come back: %s", engine.rank, exc)
-            cause = reason.split(RESTART_FAILED)[0]  # a retry keeps the first cause, not a growing chain
-            with self._lock:
-                engine.fail(self.clock(), f"{cause}{RESTART_FAILED}{str(exc).splitlines()[0]}")
+        except Exception as exc:  # EngineStartError, or anything else: never left RESTARTING
+            self._restart_failed(engine, reason, exc)
             return
         with self._lock:
             engine.restarted(url)
         logger.info("engine %d restarted at %s; it serves again after the next weight push", engine.rank, url)
 
-    def check_now(self) -> None:
+    def _restart_failed(self, engine: EngineHealth, reason: str, exc: Exception) -> None:
+        cause = reason.split(RESTART_FAILED)[0]  # a retry keeps the first cause, not a growing chain
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        with self._lock:
+            engine.fail(self.clock(), f"{cause}{RESTART_FAILED}{first}")
+            engine.failed_restarts += 1
+            given_up = engine.failed_restarts >= MAX_FAILED_RESTARTS
+        if given_up:
+            others = sum(e.state is not EngineState.FAILED for e in self.engines)
+            logger.error(
+                "engine %d did not come back after %d restarts in a row (%s); "
+                "the run goes on with the %d other engines up",
+                engine.rank,
+                engine.failed_restarts,
+                first,
+                others,
+            )
+        else:
+            logger.error("engine %d did not come back: %s", engine.rank, first)
+
+    def check_now(self, wait_s: float | None = None) -> None:
         """One probe round at once (before a push: an engine that died since the last round is
-        restarted now, so this push gives it the weights instead of failing on it)."""
-        self.monitor.tick(force=True)
+        restarted now, so this push gives it the weights instead of failing on it). A restart under
+        way is waited for at most ``wait_s`` seconds (default: its start timeout and placement
+        allowance); the push then goes to the engines up."""
+        if wait_s is None:
+            wait_s = self.pool.start_timeout_s + self.pool.scheduling_allowance_s
+        self.monitor.tick(force=True, wait_s=wait_s)
 
     def serving_urls(self) -> list[str]:
         """The engines up now (HEALTHY, or STALE awaiting weights), in rank order: what a push reaches.
@@ -143,16 +200,39 @@ class EngineRecovery(_ProbedEngines):
                 )
         return up
 
-    def weights_pushed(self, urls: list[str]) -> list[int]:
-        """After a push to ``urls``: the STALE engines among them rejoin the router; their ranks."""
+    def rejoin_router(self, urls: list[str]) -> list[int]:
+        """After a push to ``urls``, once those engines generate again (resumed, their memory back):
+        the STALE engines among them rejoin the router; their ranks.
+
+        Not before: with its health checks off the router still sends one ``GET /health`` when a worker
+        is added, and on SGLang that is a generation, 503 while the engine is paused (a restarted
+        engine added then was never accepted) and a generation on freed memory while it is released.
+        An engine that does not answer a liveness probe, or that the router refuses, is FAILED again
+        (the next round restarts it)."""
         with self._lock:
             back = [e for e in self.engines if e.state is EngineState.STALE and e.url in urls]
+        rejoined = []
         for engine in back:
-            self.router.add_worker(engine.url)
+            codes = self.pool.exit_codes(engine.rank)
+            problem = engine_problem(engine.url, codes, self.timeout_s, generate=False)
+            if problem is None:
+                try:
+                    self.router.add_worker(engine.url)
+                except RouterError as exc:
+                    problem = str(exc)
             with self._lock:
-                engine.serve(self.clock())
+                if problem is not None:
+                    engine.fail(self.clock(), problem)
+                else:
+                    engine.serve(self.clock())
+            if problem is not None:
+                logger.error(
+                    "engine %d (%s) could not rejoin the router: %s", engine.rank, engine.url, problem
+                )
+                continue
+            rejoined.append(engine.rank)
             logger.info("engine %d (%s) has the current weights and serves again", engine.rank, engine.url)
-        return [engine.rank for engine in back]
+        return rejoined
 
     def counters(self) -> dict[str, float]:
         """Totals so far: ``fault/engine_restarts`` and ``fault/unhealthy_seconds`` (summed over engines)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import time
 import urllib.error
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from slime.weight_sync.settings import WeightSyncSettings
 logger = logging.getLogger(__name__)
 
 DEFAULT_START_TIMEOUT_S = 300.0
+SCHEDULING_ALLOWANCE_S = 120.0  # how long an engine's actor may wait for its bundle (a lost node: for ever)
 
 
 class EngineStartError(RuntimeError):
@@ -57,35 +59,51 @@ def exit_description(code: int | str) -> str:
 ADD_FAULT_TOLERANCE = "add --use-fault-tolerance to restart failed engines and retry their requests"
 
 
-def engine_problem(url: str, exit_codes: list[int | str | None], timeout_s: float) -> str | None:
+def engine_problem(
+    url: str, exit_codes: list[int | str | None], timeout_s: float, generate: bool = True
+) -> str | None:
     """What is wrong with the engine at ``url`` whose processes report ``exit_codes``
-    (``EnginePool.exit_codes``): one ended, or ``GET /health_generate`` failed or took longer than
-    ``timeout_s``; None when it answers 200 in time."""
+    (``EnginePool.exit_codes``): one ended, or the probe failed or took longer than ``timeout_s``;
+    None when it answers 200 in time.
+
+    The probe is ``GET /health_generate`` (a one-token generation), or with ``generate=False``
+    ``GET /model_info``, which SGLang answers from its tokenizer manager without generating: the
+    liveness check for an engine that is paused or has released its memory (0.5.19-0.5.23).
+    """
     ended = [code for code in exit_codes if code is not None]
     if ended:
         return exit_description(ended[0])
+    path = "/health_generate" if generate else "/model_info"
     try:
-        request_json("GET", f"{url}/health_generate", timeout=timeout_s)
+        request_json("GET", f"{url}{path}", timeout=timeout_s)
     except HttpError as exc:
-        return f"answered GET /health_generate with HTTP {exc.status}"
+        return f"answered GET {path} with HTTP {exc.status}"
     except (TimeoutError, urllib.error.URLError) as exc:
         if isinstance(exc, TimeoutError) or isinstance(exc.reason, TimeoutError):
-            return f"did not answer GET /health_generate within {timeout_s:.0f} s"
-        return f"refused GET /health_generate ({exc.reason})"
+            return f"did not answer GET {path} within {timeout_s:.0f} s"
+        return f"refused GET {path} ({exc.reason})"
     return None
 
 
 def engine_failure(pool: EnginePool, timeout_s: float, recovering: bool) -> EngineFailure | None:
     """The engines of ``pool`` that are down, as one ``EngineFailure`` line (None: all answer):
-    each engine, how it ended or what it answered, and what to do."""
-    problems = [
-        f"engine {rank} ({url}) {problem}"
-        for rank, url in enumerate(pool.urls)
-        if (problem := engine_problem(url, pool.exit_codes(rank), timeout_s)) is not None
-    ]
+    each engine, how it ended, what it answered or that it is being restarted, and what to do."""
+    problems = []
+    for rank, url in enumerate(pool.urls):
+        if (since := pool.restarting_since(rank)) is not None:
+            problems.append(f"engine {rank} is being restarted (for {since:.0f} s)")
+        elif (problem := engine_problem(url, pool.exit_codes(rank), timeout_s)) is not None:
+            problems.append(f"engine {rank} ({url}) {problem}")
     if not problems:
         return None
-    fix = "the run stops (no engine recovered in time)" if recovering else ADD_FAULT_TOLERANCE
+    if not recovering:
+        fix = ADD_FAULT_TOLERANCE
+    elif len(pool.urls) == 1:
+        fix = (
+            "the run stops: no other engine served the rollout's requests while it restarted (use 2 or more)"
+        )
+    else:
+        fix = "the run stops (no engine recovered in time)"
     return EngineFailure(f"{'; '.join(problems)}; {fix}")
 
 
@@ -187,10 +205,11 @@ def plan_engine_nodes(
     return engines
 
 
-@ray.remote(num_gpus=1)
+@ray.remote(num_gpus=1, max_concurrency=2)
 class EngineActor:
     """One engine (or one node of a multi-node engine): starts its server on this node, reports the
-    URL, stops it on ``shutdown``."""
+    URL, stops it on ``shutdown``. Two calls at a time, so ``exit_code`` answers while ``start`` waits
+    for the server (an engine busy starting is not a dead actor)."""
 
     def __init__(self, args: argparse.Namespace, node: EngineNode, log_dir: str) -> None:
         self.args, self.node = args, node
@@ -269,6 +288,9 @@ class EnginePool:
         self.nodes = [node for engine in self.engines for node in engine]
         self.actors = [self._actor(node) for node in self.nodes]
         self.urls: list[str] = []
+        self.start_timeout_s = DEFAULT_START_TIMEOUT_S
+        self.scheduling_allowance_s = SCHEDULING_ALLOWANCE_S
+        self._restarting: dict[int, float] = {}  # rank -> when its restart began (time.monotonic)
 
     def _actor(self, node: EngineNode):
         return EngineActor.options(
@@ -287,6 +309,7 @@ class EnginePool:
         """
         if not self.actors:
             return []
+        self.start_timeout_s = timeout_s
         try:
             urls = self._start(self.nodes, self.actors, timeout_s)
         except EngineStartError:
@@ -296,48 +319,80 @@ class EnginePool:
         return list(self.urls)
 
     def _start(self, nodes: list[EngineNode], actors: list, timeout_s: float) -> list[str]:
-        """Starts the servers of ``nodes`` (all nodes of their engines) on ``actors``; each node's URL."""
+        """Starts the servers of ``nodes`` (all nodes of their engines) on ``actors``; each node's URL.
+
+        Every wait is bounded: ``timeout_s`` for the servers plus ``scheduling_allowance_s`` for the
+        actors to be placed (an actor whose bundle is on a lost node is never placed). Whatever goes
+        wrong (a server that does not come up, an actor that dies or is never placed) is one
+        ``EngineStartError`` naming the engines.
+        """
+        names = ", ".join(str(rank) for rank in sorted({node.engine_rank for node in nodes}))
+        limit_s = timeout_s + self.scheduling_allowance_s
+        deadline = time.monotonic() + limit_s
         spanning = [
             (node.engine_rank, actor)
             for node, actor in zip(nodes, actors, strict=True)
             if node.nnodes > 1 and node.node_rank == 0
         ]
-        addresses = ray.get([actor.dist_init_addr.remote() for _, actor in spanning])
-        meet_at = {rank: address for (rank, _), address in zip(spanning, addresses, strict=True)}
-        refs = [
-            actor.start.remote(timeout_s, meet_at.get(node.engine_rank))
-            for node, actor in zip(nodes, actors, strict=True)
-        ]
-        pending = list(refs)
         try:
+            addresses = ray.get([actor.dist_init_addr.remote() for _, actor in spanning], timeout=limit_s)
+            meet_at = {rank: address for (rank, _), address in zip(spanning, addresses, strict=True)}
+            refs = [
+                actor.start.remote(timeout_s, meet_at.get(node.engine_rank))
+                for node, actor in zip(nodes, actors, strict=True)
+            ]
+            pending = list(refs)
             while pending:
-                done, pending = ray.wait(pending, num_returns=1)
+                done, pending = ray.wait(
+                    pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic())
+                )
+                if not done:
+                    raise ray.exceptions.GetTimeoutError()
                 ray.get(done[0])
+            return ray.get(refs)
         except ray.exceptions.RayTaskError as exc:
             cause = exc.cause if exc.cause is not None else exc
             raise EngineStartError(str(cause)) from None
-        return ray.get(refs)
+        except ray.exceptions.GetTimeoutError:
+            raise EngineStartError(
+                f"engine {names} did not come up within {limit_s:.0f} s ({timeout_s:.0f} s to start its "
+                f"server, {self.scheduling_allowance_s:.0f} s to place its actor; a bundle on a lost node "
+                "is never placed)"
+            ) from None
+        except ray.exceptions.RayError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise EngineStartError(f"engine {names}: its actor died while starting ({first})") from None
 
     def _positions(self, rank: int) -> list[int]:
         return [i for i, node in enumerate(self.nodes) if node.engine_rank == rank]
 
-    def restart(self, rank: int, timeout_s: float = DEFAULT_START_TIMEOUT_S) -> str:
+    def restart(self, rank: int) -> str:
         """Stops engine ``rank`` (every node of it) and starts it again on the same bundles; its new URL.
 
-        Raises ``EngineStartError`` when it does not come up (its actors are stopped then too).
+        Raises ``EngineStartError`` when it does not come up within the start timeout and the
+        scheduling allowance (its actors are stopped then too).
         """
         positions = self._positions(rank)
-        self.stop(rank)
-        for i in positions:
-            self.actors[i] = self._actor(self.nodes[i])
-        nodes, actors = [self.nodes[i] for i in positions], [self.actors[i] for i in positions]
+        self._restarting[rank] = time.monotonic()
         try:
-            url = self._start(nodes, actors, timeout_s)[0]
-        except EngineStartError:
-            self._stop(actors)
-            raise
-        self.urls[rank] = url
-        return url
+            self.stop(rank)
+            for i in positions:
+                self.actors[i] = self._actor(self.nodes[i])
+            nodes, actors = [self.nodes[i] for i in positions], [self.actors[i] for i in positions]
+            try:
+                url = self._start(nodes, actors, self.start_timeout_s)[0]
+            except EngineStartError:
+                self._stop(actors, grace_s=5.0)  # an actor never placed would not answer at all
+                raise
+            self.urls[rank] = url
+            return url
+        finally:
+            self._restarting.pop(rank, None)
+
+    def restarting_since(self, rank: int) -> float | None:
+        """Seconds since engine ``rank``'s restart began; None when it is not being restarted."""
+        began = self._restarting.get(rank)
+        return None if began is None else time.monotonic() - began
 
     def stop(self, rank: int) -> None:
         """Stops engine ``rank`` (every node of it); its actors are gone after this."""
@@ -349,7 +404,9 @@ class EnginePool:
         for i in self._positions(rank):
             try:
                 codes.append(ray.get(self.actors[i].exit_code.remote(), timeout=10))
-            except (ray.exceptions.RayError, TimeoutError):
+            except (ray.exceptions.GetTimeoutError, TimeoutError):
+                codes.append("its actor did not answer within 10 s")
+            except ray.exceptions.RayError:
                 codes.append("its actor died")
         return codes
 
@@ -375,10 +432,10 @@ class EnginePool:
     def resume(self, urls: list[str] | None = None) -> None:
         self.post_all("/continue_generation", urls=urls)
 
-    def _stop(self, actors: list) -> None:
+    def _stop(self, actors: list, grace_s: float = 60.0) -> None:
         refs = [actor.shutdown.remote() for actor in actors]
         try:
-            ray.get(refs, timeout=60)
+            ray.get(refs, timeout=grace_s)
         except Exception as exc:  # the actor died or hangs: killing it kills its server (parent-death signal)
             logger.warning("engine shutdown did not finish cleanly (%s); killing the actors", exc)
         for actor in actors:

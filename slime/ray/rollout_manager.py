@@ -46,7 +46,7 @@ from slime.rollout.output import RolloutOutput
 from slime.rollout.prompt_files import PromptFormat, load_prompts, load_tokenizer
 from slime.rollout.prompt_index import PromptIndex
 from slime.rollout.rewards.failures import RewardFailureStreak
-from slime.rollout.router import Router
+from slime.rollout.router import Router, RouterSettings
 from slime.rollout.sample import Sample
 from slime.utils.plugins import load_function
 
@@ -223,11 +223,13 @@ class RolloutManager:
         self.args = args
         self.log_dir = log_dir or run_log_dir()
         self.engines = EnginePool(args, pg, bundle_indices, self.log_dir)
-        self.router = Router(self.log_dir) if bundle_indices else None
+        self.router = (
+            Router(self.log_dir, settings=RouterSettings.from_args(args)) if bundle_indices else None
+        )
         self.data_source = data_source if data_source is not None else make_data_source(args, prompt_index)
         self.rollout_fn = RolloutFunction(args.rollout_function_path)
-        self.eval_datasets = eval_datasets if eval_datasets is not None else load_eval_datasets(args)
         self.reward_failures = RewardFailureStreak.from_args(args)  # --max-failed-reward-rollouts
+        self.eval_datasets = eval_datasets if eval_datasets is not None else load_eval_datasets(args)
         self.recovery: EngineRecovery | None = None  # --use-fault-tolerance, once the engines are up
         self.watch: EngineWatch | None = None  # otherwise: a failed engine stops the run
         self._fault_reported: dict[str, float] = {}
@@ -330,9 +332,10 @@ class RolloutManager:
             self.recovery.check_now()
         return self.recovery.serving_urls()
 
-    def weights_pushed(self, urls: list[str]) -> list[int]:
-        """After a push to ``urls``: restarted engines among them rejoin the router; their ranks."""
-        return self.recovery.weights_pushed(urls) if self.recovery is not None else []
+    def rejoin_router(self, urls: list[str]) -> list[int]:
+        """After a push to ``urls``, once they generate again: restarted engines among them rejoin the
+        router; their ranks."""
+        return self.recovery.rejoin_router(urls) if self.recovery is not None else []
 
     def _health(self) -> EngineRecovery | EngineWatch | None:
         return self.recovery or self.watch

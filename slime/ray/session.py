@@ -51,6 +51,7 @@ class TrainingSession:
         self.external_urls: list[str] = []
         self._released: set[str] = set()  # memory tags this run's engines have released (--colocate)
         self._pausing: ray.ObjectRef | None = None  # the pause of the coming push, sent early
+        self._pushed_to: list[str] = []  # engines the last push reached, until they rejoin the router
         self._owns_ray = False
 
     def __enter__(self) -> TrainingSession:
@@ -108,10 +109,18 @@ class TrainingSession:
         critic = TrainerGroup(critic_args(args), self.pg, critic_bundles) if num_critics else None
         # --debug-rollout-only: generation alone, no trainer at all.
         self.trainer = TrainerGroup(args, self.pg, trainer_bundles, critic=critic) if num_trainers else None
-        # Engines load their weights while the trainer builds its model.
         engine_urls_ref = self.rollout.start.remote()
-        loaded = self.trainer.init() if self.trainer is not None else None
-        engine_urls, _router_url = ray.get(engine_urls_ref)
+        if args.colocate and self.trainer is not None:
+            # The engines start on the GPUs first and hand their memory back before the trainer
+            # builds its model there (as they would take their share of a GPU the trainer fills);
+            # the first push takes the weights' part back, hand_gpus_to_engines the KV cache.
+            engine_urls, _router_url = ray.get(engine_urls_ref)
+            self.engine_urls = list(engine_urls)
+            self._engine_memory("/release_memory_occupation", ["weights", "kv_cache"])
+            loaded = self.trainer.init()
+        else:  # engines load their weights while the trainer builds its model
+            loaded = self.trainer.init() if self.trainer is not None else None
+            engine_urls, _router_url = ray.get(engine_urls_ref)
         if loaded is not None:
             self.start_rollout_id = loaded + 1
             ray.get(self.rollout.load.remote(loaded))
@@ -133,7 +142,6 @@ class TrainingSession:
         """--colocate, after generating: the engines free their GPU memory, the trainer takes it back."""
         if not self._colocated():
             return
-        ray.get(self.rollout.pause_health_checks.remote())  # released engines do not generate
         self._engine_memory("/release_memory_occupation", ["weights", "kv_cache"])
         self.trainer.onload(["weights", "train_state"])
 
@@ -145,7 +153,7 @@ class TrainingSession:
             return
         self.trainer.offload(["train_state", "weights"])
         self._engine_memory("/resume_memory_occupation", ["weights", "kv_cache"])
-        ray.get(self.rollout.resume_health_checks.remote())
+        self._rejoin_router()
 
     def _colocated(self) -> bool:
         return bool(self.args.colocate) and self.trainer is not None and uses_engines(self.args)
@@ -188,9 +196,6 @@ class TrainingSession:
                 self._engine_memory("/resume_memory_occupation", ["weights"])
             metrics = self._update_in_session()
             failed = False
-            if self.args.use_fault_tolerance:  # restarted engines have the weights now: they serve again
-                ray.get(self.rollout.weights_pushed.remote(self.engine_urls))
-            return metrics
         finally:
             try:
                 ray.get(self.rollout.resume.remote(), timeout=None if not failed else ERROR_PATH_TIMEOUT_S)
@@ -199,6 +204,17 @@ class TrainingSession:
                 if not failed:
                     raise
                 logger.warning("resuming generation after the failed weight push: %s", exc)
+        self._pushed_to = list(self.engine_urls)
+        if not self._colocated():  # under --colocate the engines generate once their KV cache is back
+            self._rejoin_router()
+        return metrics
+
+    def _rejoin_router(self) -> None:
+        """--use-fault-tolerance: engines restarted since the last push have the weights now and
+        generate again (resumed, memory back): they rejoin the router."""
+        if self.args.use_fault_tolerance and self._pushed_to:
+            ray.get(self.rollout.rejoin_router.remote(self._pushed_to))
+        self._pushed_to = []
 
     def _follow_restarted_engines(self) -> None:
         """--use-fault-tolerance: a restarted engine has a new URL; the trainer reconnects to the engines
@@ -216,17 +232,36 @@ class TrainingSession:
             return self.trainer.update_weights(str(self.weight_version))
 
     def _engine_memory(self, path: str, tags: list[str]) -> None:
-        """Releases (or resumes) ``tags`` on this run's engines; resuming only what was released."""
+        """Releases (or resumes) ``tags`` on this run's engines; resuming only what was released.
+
+        The engines' health probes pause while anything is released (a probe generates) and resume
+        once all is back. Under ``--use-fault-tolerance`` the engines up now are asked (a restart moves
+        an engine to a new URL); one that fails meanwhile is the monitor's to find."""
         if path == "/resume_memory_occupation":
             tags = [tag for tag in tags if tag in self._released]
             if not tags:
                 return
-        for reply in post_all(self.engine_urls, path, {"tags": tags}, self.weight_sync.timeout_s):
-            reply.result()
-        if path == "/release_memory_occupation":
+        releasing = path == "/release_memory_occupation"
+        if releasing and not self._released:
+            ray.get(self.rollout.pause_health_checks.remote())
+        urls = self.engine_urls
+        if self.args.use_fault_tolerance and self.rollout is not None:
+            urls = ray.get(self.rollout.serving_engine_urls.remote())
+        for url, reply in zip(
+            urls, post_all(urls, path, {"tags": tags}, self.weight_sync.timeout_s), strict=True
+        ):
+            try:
+                reply.result()
+            except Exception as exc:
+                if not self.args.use_fault_tolerance:
+                    raise
+                logger.warning("%s on %s failed (%s); the health monitor takes it from here", path, url, exc)
+        if releasing:
             self._released.update(tags)
         else:
             self._released.difference_update(tags)
+            if not self._released:
+                ray.get(self.rollout.resume_health_checks.remote())
 
     def _post_external(self, path: str, payload: dict) -> None:
         for reply in post_all(self.external_urls, path, payload, self.weight_sync.timeout_s):

@@ -47,7 +47,7 @@ import aiohttp
 
 from slime.rollout.router import list_workers
 from slime.utils.engine_api import engine_api
-from slime.utils.http import HttpError, get_json
+from slime.utils.http import HttpError, auth_headers, get_json
 
 ABORT_CONNECTIONS_PER_ENGINE = 8  # abort posts in flight to one engine at a time
 ABORT_POST_TIMEOUT_S = 5.0  # one abort post; a lost one is repeated by the next round or abort_all
@@ -117,6 +117,7 @@ class EngineAborts:
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=max(1, len(self.urls)) * self.connections_per_engine),
             timeout=aiohttp.ClientTimeout(total=ABORT_POST_TIMEOUT_S),
+            headers=auth_headers(),
         )
         return self
 

@@ -45,7 +45,7 @@ import aiohttp
 from slime.rollout.errors import RolloutError
 from slime.rollout.prompt_files import load_tokenizer, render_chat
 from slime.rollout.sample import Sample
-from slime.utils.http import HttpError, post_json
+from slime.utils.http import HttpError, auth_headers, post_json
 
 _FINISH_STATUS = {
     "stop": Sample.Status.COMPLETED,
@@ -286,7 +286,7 @@ async def _post_generate(
     if context is not None:
         reply = await _post_with_retries(context, url, payload)
     else:
-        async with aiohttp.ClientSession() as session:  # outside a rollout
+        async with aiohttp.ClientSession(headers=auth_headers()) as session:  # outside a rollout
             reply = await post_json(session, url, payload)
     if reply is None:
         return [None] * len(inputs)

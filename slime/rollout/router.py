@@ -20,18 +20,33 @@ Facts about sglang-router 0.3.2 this module relies on (measured; DESIGN.md §6):
   unchanged, not retried. A batch (a list of ``input_ids``) passes to one engine with one
   ``sampling_params`` map and a string rid; a list of either is refused with HTTP 422 ("Failed to
   deserialize the JSON body"), so the inputs of a batch cannot carry a seed each.
-- With no worker, ``/generate`` is 503 ``no_available_workers``.
+- With no worker, ``/generate`` is 503 ``no_available_workers``; so is it when every worker failed
+  the router's own health checks (``GET /health`` every 60 s by default, unhealthy after 3 failures,
+  back after 2 successes) or opened its circuit breaker (10 failures).
+- ``--disable-health-check`` still probes ``GET /health`` once, when a worker is added (a worker
+  answering 503 then is never added), and never again (measured with a worker whose ``/health``
+  turned 503 after it was added: still listed healthy and routed to).
+- Defaults that do not suit RL (``launch_router --help``): requests time out after 1800 s
+  (``--request-timeout-secs``) and failed ones are sent again up to 5 times by the router itself.
 - SIGTERM waits up to ``--shutdown-grace-period-secs`` (default 180) for requests in flight.
 - The worker's model path must be a local absolute path (the engines report the resolved
   ``--hf-checkpoint``); otherwise the router tries to fetch a tokenizer from the hub.
+- ``--api-key K`` makes the router demand ``Authorization: Bearer K`` of its own clients
+  (``/workers``, ``/generate``: 401 without; ``/health`` stays open); it does not send K to workers.
+  A worker's key is its own field, ``POST /workers {"url", "api_key"}``: with it the router reads the
+  worker's model info and sends the key with every request it routes there (without it, it warns and
+  only passes on the client's own ``Authorization`` header).
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
+import shlex
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +54,7 @@ from slime.utils.http import (
     HttpError,
     ServerProcess,
     ServerStartError,
+    engine_api_key,
     free_port,
     get_json,
     is_ok,
@@ -48,6 +64,61 @@ from slime.utils.http import (
 logger = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_S = 5
+DEFAULT_REQUEST_TIMEOUT_S = 6 * 3600.0
+
+
+@dataclass(frozen=True)
+class RouterSettings:
+    """How slime runs sglang-router: ``--router-request-timeout`` and ``--router-extra-args``."""
+
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
+    extra_args: tuple[str, ...] = ()
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> RouterSettings:
+        return cls(
+            request_timeout_s=args.router_request_timeout,
+            extra_args=tuple(shlex.split(args.router_extra_args or "")),
+        )
+
+    def check(self) -> str | None:
+        """Why sglang-router would refuse these flags (its own parser's message), or None; run before
+        any process starts, so a typo in ``--router-extra-args`` is one line, not a dead router."""
+        import contextlib
+        import io
+
+        from sglang_router.launch_router import parse_router_args
+
+        errors = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(errors):
+                parse_router_args(self.argv())
+        except SystemExit:
+            lines = errors.getvalue().strip().splitlines() or ["refused"]
+            return lines[-1].split("error: ", 1)[-1]
+        return None
+
+    def argv(self) -> list[str]:
+        """The router flags slime decides, then the user's.
+
+        - Health checks and the circuit breaker off: on SGLang ``/health`` is a generation that waits
+          while the engine is paused (503 after 20 s), so the router would drop every engine during a
+          long train step or while released (``--colocate``). slime's own monitor probes the engines
+          and pauses with them (``slime.ray.engine_health``) and takes failed ones out of the router.
+        - No retries by the router: under ``--use-fault-tolerance`` the rollout sends a failed request
+          again itself, knowing when the rollout aborted; without it, a failed engine ends the run in
+          one line. A router retry would also start a timed-out generation again from scratch.
+        - A request timeout of hours (``--router-request-timeout``), not 30 minutes: long reasoning
+          generations of large models are not errors.
+        """
+        return [
+            "--disable-health-check",
+            "--disable-circuit-breaker",
+            "--disable-retries",
+            "--request-timeout-secs",
+            str(max(1, round(self.request_timeout_s))),
+            *self.extra_args,
+        ]
 
 
 def list_workers(router_url: str) -> list[dict[str, Any]]:
@@ -62,7 +133,13 @@ class RouterError(RuntimeError):
 class Router:
     """One sglang-router process with round-robin routing; starts with no worker."""
 
-    def __init__(self, log_dir: str | os.PathLike[str], host: str = "127.0.0.1", log_level: str = "warn"):
+    def __init__(
+        self,
+        log_dir: str | os.PathLike[str],
+        host: str = "127.0.0.1",
+        log_level: str = "warn",
+        settings: RouterSettings | None = None,
+    ):
         self.host = host
         self.port = free_port()
         self.url = f"http://{host}:{self.port}"
@@ -70,6 +147,9 @@ class Router:
         argv += ["--host", host, "--port", str(self.port), "--policy", "round_robin"]
         argv += ["--prometheus-host", host, "--prometheus-port", str(free_port())]
         argv += ["--shutdown-grace-period-secs", str(SHUTDOWN_GRACE_S), "--log-level", log_level]
+        argv += (settings or RouterSettings()).argv()
+        if key := engine_api_key():  # the run's engines have a key: so has the router, for its clients
+            argv += ["--api-key", key]
         self.server = ServerProcess("sglang-router", argv, Path(log_dir) / "router.log", dict(os.environ))
 
     @property
@@ -94,7 +174,9 @@ class Router:
 
     def add_worker(self, url: str, timeout_s: float = 60.0) -> str:
         """Registers an engine and waits until the router routes to it; returns the worker id."""
-        reply = request_json("POST", f"{self.url}/workers", {"url": url})
+        key = engine_api_key()  # the router sends it with every request it routes to this engine
+        worker = {"url": url, "api_key": key} if key else {"url": url}
+        reply = request_json("POST", f"{self.url}/workers", worker)
         worker_id = reply["worker_id"]
         deadline = time.monotonic() + timeout_s
         while True:

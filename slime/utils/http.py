@@ -6,6 +6,10 @@ file, killed with its parent), wait until it answers, tell why it did not (the t
 stop it. The JSON helpers are synchronous (standard library, for control calls from actors); the
 rollout's hot path uses ``aiohttp`` sessions that outlive a rollout (``run_on_thread_loop``,
 ``client_session``, ``post_json``).
+
+Every client here sends the run's engine key (``engine_api_key``), when the run has one, as SGLang's
+``--api-key`` expects it: ``Authorization: Bearer <key>``. A run that is not confined to loopback has
+one (``slime.ray.cluster.start_ray`` makes it), so no other host can drive its engines.
 """
 
 from __future__ import annotations
@@ -32,6 +36,39 @@ from typing import Any
 import aiohttp
 
 LOG_TAIL_LINES = 20
+
+ENGINE_API_KEY_ENV = "SLIME_ENGINE_API_KEY"
+"""The environment variable that carries the run's engine key to every process of the run (the driver
+sets it, Ray's job runtime_env hands it to each actor, servers inherit it). An environment variable,
+not a field of ``args``: the args namespace is logged (wandb config), the key must never be."""
+
+SECRET_FLAGS = ("--api-key", "--admin-api-key")
+"""Server flags whose value is a secret: kept out of the command line a ``ServerProcess`` logs."""
+
+
+def engine_api_key() -> str | None:
+    """The run's engine key (SGLang's ``--api-key``, sglang-router's ``--api-key``), None without one."""
+    return os.environ.get(ENGINE_API_KEY_ENV) or None
+
+
+def auth_headers() -> dict[str, str]:
+    """The header that authenticates a request to this run's engines; empty when the run has no key."""
+    key = engine_api_key()
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """``argv`` with the values of ``SECRET_FLAGS`` (``--api-key K`` or ``--api-key=K``) replaced."""
+    redacted, hide_next = [], False
+    for token in argv:
+        flag, eq, _ = token.partition("=")
+        if hide_next:
+            token = "<redacted>"
+        elif eq and flag in SECRET_FLAGS:
+            token = f"{flag}=<redacted>"
+        redacted.append(token)
+        hide_next = token in SECRET_FLAGS
+    return redacted
 
 
 class HttpError(RuntimeError):
@@ -87,6 +124,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def listening_socket_fd(host: str, port: int) -> int:
+    """The file descriptor of a socket listening on ``host:port`` alone, for torch's ``TCPStore``
+    (``master_listen_fd``): given only a port, its server listens on every interface (``::``), so a
+    rendezvous on 127.0.0.1 would still answer the whole network."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family).detach()
+
+
 def request_json(method: str, url: str, payload: Any = None, timeout: float = 30.0) -> Any:
     """One JSON call; returns the decoded answer (the raw text when it is not JSON, None when empty).
 
@@ -94,6 +139,7 @@ def request_json(method: str, url: str, payload: Any = None, timeout: float = 30
     """
     data = None if payload is None else json.dumps(payload).encode()
     headers = {"Content-Type": "application/json"} if data is not None else {}
+    headers.update(auth_headers())
     req = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as response:
@@ -145,13 +191,14 @@ def client_session(limit: int) -> tuple[aiohttp.ClientSession, bool]:
     """A client session with at most ``limit`` connections and whether it is shared: on the loop of
     ``run_on_thread_loop`` the loop's own (never closed by its users; aiohttp closes connections idle
     for 15 s, so a slow step pays reconnects and a fast one none), elsewhere a new one the caller
-    closes. No total timeout: a long generation is not an error."""
+    closes. No total timeout: a long generation is not an error. It sends the run's engine key."""
     shared = asyncio.get_running_loop() is getattr(_thread_loops, "loop", None)
     session = _thread_loops.sessions.get(limit) if shared else None
     if session is None or session.closed:
         session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=limit),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
+            headers=auth_headers(),
         )
         if shared:
             _thread_loops.sessions[limit] = session
@@ -203,7 +250,7 @@ class ServerProcess:
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            log.write(f"$ {' '.join(self.argv)}\n".encode())
+            log.write(f"$ {' '.join(redact_argv(self.argv))}\n".encode())
             log.flush()
             self.proc = subprocess.Popen(
                 self.argv,

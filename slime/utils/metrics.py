@@ -8,6 +8,8 @@ import queue
 import threading
 from pathlib import Path
 
+from slime.utils.http import SECRET_FLAGS
+
 logger = logging.getLogger("slime")
 
 _CONSOLE_KEYS = (
@@ -67,6 +69,15 @@ class _BackgroundScalars:
         self.writer.close()
 
 
+def run_config(args: argparse.Namespace) -> dict[str, object]:
+    """``args`` as a run's record keeps them: ``--sglang-api-key`` (the engines' key) never leaves the run."""
+    server_args = {
+        name: "<redacted>" if f"--{name.replace('_', '-')}" in SECRET_FLAGS else value
+        for name, value in (args.sglang_server_args or {}).items()
+    }
+    return {**vars(args), "sglang_server_args": server_args}
+
+
 class MetricsLogger:
     """Writes every metric keyed by rollout id, so curves of resumed runs line up."""
 
@@ -79,7 +90,10 @@ class MetricsLogger:
             import wandb
 
             self.wandb = wandb.init(
-                project=args.wandb_project, group=args.wandb_group, mode=args.wandb_mode, config=vars(args)
+                project=args.wandb_project,
+                group=args.wandb_group,
+                mode=args.wandb_mode,
+                config=run_config(args),
             )
 
     def log(self, rollout_id: int, metrics: dict[str, float]) -> None:

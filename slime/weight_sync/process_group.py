@@ -23,6 +23,8 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from slime.utils.http import listening_socket_fd
+
 DEFAULT_TIMEOUT_S = 300.0
 
 
@@ -48,6 +50,8 @@ def create_weight_update_group(
         is_master=rank == 0,
         timeout=timeout,
         multi_tenant=True,
+        # on master_address alone (by itself the store listens on every interface)
+        master_listen_fd=listening_socket_fd(master_address, int(master_port)) if rank == 0 else None,
     )
     store = dist.PrefixStore(group_name, store)
     store = dist.PrefixStore(f"{group_name}/", store)

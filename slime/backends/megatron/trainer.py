@@ -60,6 +60,7 @@ from slime.backends.megatron.offload import TrainerMemory
 from slime.backends.megatron.packed_attention import packed_seq_params, shared_prompt_layouts
 from slime.backends.megatron.value_head import attach_value_heads
 from slime.utils.device import distributed_backend, setup_device
+from slime.utils.http import listening_socket_fd
 
 logger = logging.getLogger(__name__)
 # megatron-core still calls the old names of these collectives; the warning is not actionable here.
@@ -104,12 +105,19 @@ class MegatronTrainer:
     ):
         self.args = args
         self.device = setup_device(rank)
+        timeout = timedelta(minutes=args.distributed_timeout_minutes)
+        # The rendezvous listens on master_addr alone: a store started from a tcp:// init_method
+        # listens on every interface.
+        store = dist.TCPStore(
+            master_addr,
+            master_port,
+            world_size,
+            is_master=rank == 0,
+            timeout=timeout,
+            master_listen_fd=listening_socket_fd(master_addr, master_port) if rank == 0 else None,
+        )
         dist.init_process_group(
-            backend=distributed_backend(),
-            init_method=f"tcp://{master_addr}:{master_port}",
-            rank=rank,
-            world_size=world_size,
-            timeout=timedelta(minutes=args.distributed_timeout_minutes),
+            backend=distributed_backend(), store=store, rank=rank, world_size=world_size, timeout=timeout
         )
         mpu.initialize_model_parallel(
             tensor_model_parallel_size=args.tensor_model_parallel_size,

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from slime.config.sglang_args import server_flags
+from slime.utils.http import engine_api_key
 
 
 def missing_server_requirements(args: argparse.Namespace) -> list[tuple[str, str, str]]:
@@ -65,4 +66,6 @@ def server_command(
         argv.append("--enable-memory-saver")  # release/resume_memory_occupation between turns
     passed = dict(args.sglang_server_args or {})
     passed.setdefault("log_level", str(getattr(args, "log_level", "info")).lower())
+    if key := engine_api_key():  # the run's key (``--sglang-api-key`` or one made for a multi-node run)
+        passed["api_key"] = key
     return argv + server_flags(passed)

@@ -70,6 +70,7 @@ class TorchEngine:
         self.update_groups = WeightUpdateGroups(self.device)
         self.weight_session: str | None = None  # the open session's selector (SGLang >= 0.5.21)
         self.released: set[str] = set()
+        self.generations_while_released = 0
         # Memory releases/resumes and weight loads in the order they happened (newest last), reported
         # by /get_server_info as `memory_events`: the colocated schedule is checked against it.
         self.events: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_EVENTS)
@@ -83,11 +84,20 @@ class TorchEngine:
 
     # ---- requests -------------------------------------------------------------------------------
 
-    def unavailable_reason(self) -> str | None:
-        """Why /generate must answer 503 now, or None."""
+    def refuse_generation(self, what: str) -> str | None:
+        """Why ``what`` (a request or a health check) must answer 503 now, or None.
+
+        A generation reaching an engine whose memory is released is slime's bug, not the caller's: on
+        SGLang it would run on freed GPU memory. It is logged and counted (``generations_while_released``
+        in ``/get_server_info``) so that a test can assert none ever arrives.
+        """
         if self.shutting_down:
             return "the server is shutting down"
         if self.released:
+            self.generations_while_released += 1
+            logger.warning(
+                "%s reached the engine while its memory is released (%s)", what, sorted(self.released)
+            )
             return (
                 f"memory occupation released (tags: {sorted(self.released)}); "
                 "call /resume_memory_occupation before generating"
@@ -202,6 +212,7 @@ class TorchEngine:
             ignored_server_args=self.args.ignored,
             internal_states=[self.scheduler.internal_state()],
             memory_events=list(self.events),
+            generations_while_released=self.generations_while_released,
             version=self.release.version,
             engine="slime.backends.torch_engine",
         )

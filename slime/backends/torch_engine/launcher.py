@@ -14,6 +14,7 @@ from pathlib import Path
 
 from slime.backends.engine_server import ServerCommand
 from slime.config.sglang_args import server_flags
+from slime.utils.http import engine_api_key
 
 
 def command_line(model_path: str | os.PathLike[str], *flags: str) -> list[str]:
@@ -39,5 +40,7 @@ def server_command(
     if num_gpus != 1:
         flags += ["--tp-size", str(num_gpus)]  # refused by the torch engine with a clear line
     passed["random_seed"] = args.rollout_seed + engine_rank
+    if key := engine_api_key():  # the run's key (``--sglang-api-key`` or one made for a multi-node run)
+        passed["api_key"] = key
     passed.setdefault("log_level", str(getattr(args, "log_level", "info")).lower())
     return command_line(Path(args.hf_checkpoint).resolve(), *flags, *server_flags(passed))

@@ -11,6 +11,8 @@ import asyncio
 import concurrent.futures
 import datetime
 import logging
+import os
+import secrets
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -64,7 +66,6 @@ class Admission:
 
 
 ADMISSION = web.AppKey("admission", Admission)
-HEALTH_CHECK_TIMEOUT_S = 20.0
 MAX_BODY_BYTES = 4 << 30  # update_weights_from_tensor carries whole tensors as base64
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -125,14 +126,14 @@ def _protocol_errors(handler: Handler) -> Handler:
 async def generate(request: web.Request) -> web.StreamResponse:
     engine, admission = request.app[ENGINE], request.app[ADMISSION]
     inputs, batched = protocol.parse_generate(await _body(request))
-    reason = engine.unavailable_reason()
+    reason = engine.refuse_generation("/generate")
     if reason is not None:
         return _error(503, reason)
     rids = [gen.rid for gen in inputs]
     admission.admit(rids)
     try:
         await admission.open.wait()  # held while paused, before the scheduler (see Admission)
-        reason = engine.unavailable_reason()  # memory may have been released meanwhile
+        reason = engine.refuse_generation("/generate")  # memory may have been released meanwhile
         if reason is not None:
             return _error(503, reason)
         built = [engine.build_request(gen) for gen in inputs]
@@ -158,38 +159,63 @@ async def _run_requests(engine: TorchEngine, requests: list[Request]) -> list[di
         raise
 
 
-async def health(request: web.Request) -> web.Response:
-    engine = request.app[ENGINE]
-    ok = not engine.shutting_down and engine.scheduler.is_alive()
-    return web.Response(status=200 if ok else 503)
+def health_check_timeout_s() -> float:
+    """SGLang's ``SGLANG_HEALTH_CHECK_TIMEOUT`` (``entrypoints/http_server.py``, 0.5.19-0.5.23; 20 s)."""
+    return float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20"))
+
+
+def health_generates() -> bool:
+    """SGLang's ``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION`` (``srt/environ.py``, default true): when
+    false, ``GET /health`` answers 200 at once and only ``/health_generate`` generates."""
+    return os.environ.get("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "true").lower() not in ("0", "false")
 
 
 async def health_generate(request: web.Request) -> web.Response:
-    """200 once a one-token greedy generation completes.
+    """``GET /health`` and ``GET /health_generate``: one handler, as in SGLang 0.5.19-0.5.23
+    (``http_server.health_generate``): 200 once a one-token greedy generation came back, 503 when none
+    did within ``SGLANG_HEALTH_CHECK_TIMEOUT`` seconds.
 
-    While generation is paused or memory is released the engine is alive but may not generate; then a
-    round trip through the scheduler thread proves liveness instead (a fault-tolerance monitor must
-    not take an engine parked for a weight update or for training as dead).
+    The probe goes where a request goes, so it behaves as SGLang's does where that matters to slime:
+    while generation is paused it waits at admission (SGLang's tokenizer manager holds it on
+    ``is_pause_cond``) and the answer is 503 after the timeout, so a router health check drops a paused
+    engine; sent to an engine whose memory is released it is a generation that must never happen
+    (SGLang would run it on freed memory), so it is refused with 503, logged and counted
+    (``generations_while_released`` in ``/get_server_info``).
     """
-    engine = request.app[ENGINE]
+    engine, admission = request.app[ENGINE], request.app[ADMISSION]
     if engine.shutting_down or not engine.scheduler.is_alive():
         return web.Response(status=503)
-    try:
-        if engine.scheduler.paused or engine.released:
-            await asyncio.wait_for(_on_scheduler(engine, lambda: None), HEALTH_CHECK_TIMEOUT_S)
-        else:
-            probe = Request(
-                rid=f"HEALTH_CHECK_{uuid.uuid4().hex}",
-                input_ids=[0],
-                params=SamplingParams(max_new_tokens=1, temperature=0.0),
-                max_new_tokens=1,
-                sampling=RowSampling(temperature=0.0),
-            )
-            await asyncio.wait_for(_run_requests(engine, [probe]), HEALTH_CHECK_TIMEOUT_S)
-    except asyncio.TimeoutError:
-        logger.error("health check: no generation within %.0f s", HEALTH_CHECK_TIMEOUT_S)
+    if request.path == "/health" and not health_generates():
+        return web.Response(status=200)
+    if engine.refuse_generation("a health check") is not None:
         return web.Response(status=503)
-    return web.Response(status=200)
+    probe = Request(
+        rid=f"HEALTH_CHECK_{uuid.uuid4().hex}",
+        input_ids=[0],
+        params=SamplingParams(max_new_tokens=1, temperature=0.0),
+        max_new_tokens=1,
+        sampling=RowSampling(temperature=0.0),
+    )
+
+    async def admitted_probe() -> bool:
+        await admission.open.wait()
+        if engine.refuse_generation("a health check") is not None:
+            return False
+        await _run_requests(engine, [probe])
+        return True
+
+    timeout_s = health_check_timeout_s()
+    admission.admit([probe.rid])
+    try:
+        ok = await asyncio.wait_for(admitted_probe(), timeout_s)
+    except asyncio.TimeoutError:
+        logger.error(
+            "health check: no generation within %.0f s (paused: %s)", timeout_s, engine.scheduler.paused
+        )
+        return web.Response(status=503)
+    finally:
+        admission.leave([probe.rid])
+    return web.Response(status=200 if ok else 503)
 
 
 async def abort_request(request: web.Request) -> web.Response:
@@ -455,7 +481,7 @@ async def resume_memory_occupation(request: web.Request) -> web.Response:
 # ---- app ----------------------------------------------------------------------------------------
 
 ROUTES: list[tuple[tuple[str, ...], str, Handler]] = [
-    (("GET",), "/health", health),
+    (("GET",), "/health", health_generate),
     (("GET",), "/health_generate", health_generate),
     (("GET",), "/get_model_info", get_model_info),
     (("GET",), "/model_info", get_model_info),
@@ -490,8 +516,34 @@ RELEASE_ROUTES: list[tuple[tuple[str, ...], str, Handler, Callable[[protocol.Sgl
 ]
 
 
+# Paths SGLang serves without a key even when it has one (``decide_request_auth`` in
+# ``srt/utils/auth.py``: ``/health*`` and ``/metrics`` in 0.5.19, ``/ready`` too in 0.5.23), so probes
+# need no secret.
+OPEN_PATH_PREFIXES = ("/health", "/ready", "/metrics")
+
+
+def api_key_middleware(api_key: str) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    """SGLang's ``--api-key`` check (``add_api_key_middleware``, 0.5.19-0.5.23): every request but
+    OPTIONS and the open paths needs ``Authorization: Bearer <api_key>``, else 401
+    ``{"error": "Unauthorized"}``. The comparison takes constant time, as SGLang's does."""
+    expected = api_key.encode()
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.method != "OPTIONS" and not request.path.startswith(OPEN_PATH_PREFIXES):
+            scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+            given = token.encode(errors="surrogateescape")  # aiohttp decodes odd bytes as surrogates
+            if scheme.lower() != "bearer" or not secrets.compare_digest(given, expected):
+                return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    return check
+
+
 def create_app(engine: TorchEngine) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY_BYTES)
+    if engine.args.api_key:  # first, so that no other middleware or handler sees an unauthorized request
+        app.middlewares.append(api_key_middleware(engine.args.api_key))
     app[ENGINE] = engine
     faults.install(app)  # the fault-tolerance tests' hook; inactive unless armed
     app[ADMISSION] = Admission(abort_once=engine.release.abort_once)

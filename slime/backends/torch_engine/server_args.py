@@ -67,6 +67,7 @@ HONOURED: dict[str, dict[str, Any]] = {
     "dtype": {},
     "trust_remote_code": {},
     "served_model_name": {},
+    "api_key": {"help": "require 'Authorization: Bearer KEY' on every endpoint but /health*, as SGLang does"},
     "weight_version": {},
 }
 

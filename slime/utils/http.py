@@ -213,6 +213,30 @@ async def post_json(session: aiohttp.ClientSession, url: str, payload: dict[str,
         return await response.json(content_type=None)
 
 
+GROUP_EXIT_S = 2.0
+"""How long ``ServerProcess.stop`` lets the rest of a server's group end by itself after the server."""
+
+
+def _group_running(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs. Zombies hold nothing and do not count: an orphan's
+    waits for init to reap it, which some container inits never do. Without /proc: False."""
+    try:
+        entries = os.listdir("/proc")
+    except FileNotFoundError:
+        return False
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                state, _ppid, group = stat.read().rsplit(b")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+        if int(group) == pgid and state != b"Z":
+            return True
+    return False
+
+
 def _die_with_parent() -> None:
     """Runs in the child before exec: SIGKILL it when the process that started it dies.
 
@@ -290,16 +314,29 @@ class ServerProcess:
             time.sleep(interval_s)
 
     def stop(self, grace_s: float = 15.0) -> None:
-        """SIGTERM to the whole group, SIGKILL after ``grace_s``; safe to call twice."""
+        """SIGTERM to the server, SIGKILL to what is left of its group; safe to call twice.
+
+        Only the server's own process gets the SIGTERM: a server of several processes shuts its
+        children down itself, in order (SGLang's tokenizer manager has its schedulers exit, then kills
+        the rest). A SIGTERM to the whole group ended those children first, without their exit
+        handlers, so what they had made (semaphores in /dev/shm) stayed. Once the server has exited,
+        the rest of its group gets up to ``GROUP_EXIT_S`` (within ``grace_s``) to end by itself:
+        multiprocessing's resource tracker unlinks what dead processes left when the last of them has
+        gone. Then, or when the server outlives ``grace_s``, the whole group is SIGKILLed.
+        """
         proc = self.proc
         if proc is None:
             return
+        deadline = time.monotonic() + grace_s
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
+                proc.send_signal(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(grace_s)
         # Children of the server may outlive it; the group id is the server's pid.
+        settled = min(deadline, time.monotonic() + GROUP_EXIT_S)
+        while _group_running(proc.pid) and time.monotonic() < settled:
+            time.sleep(0.05)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):

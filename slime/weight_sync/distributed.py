@@ -13,8 +13,10 @@ ranks: there every rank gathers and only the first sends.
 The caller opens the engines' weight-update session (SGLang >= 0.5.21) around ``update``, once for
 all pipeline stages (``TrainingSession.push_weights``). A push fails fast: while a broadcast is in
 flight the engines' HTTP replies are polled, so an engine that refuses a bucket (its ranks never join
-the broadcast) stops the push within a poll interval with its own message, instead of after
-``--update-weights-timeout``. The group, which may still hold the broadcast, is then dropped on both
+the broadcast) or dies stops the push within a poll interval with its own message, instead of after
+``--update-weights-timeout``; on NCCL too, because the wait polls the collective's completion, not its
+future (which NCCL completes when the kernel is enqueued). Engines that neither answer nor finish are
+named when that timeout runs out. The group, which may still hold the broadcast, is then dropped on both
 sides and a new one (a new name) is opened before the next push. An engine that had joined the
 broadcast may stay blocked in it until its own timeout (a real SGLang server holds it in the
 scheduler); the torch engine gives it up when the group is destroyed.
@@ -153,9 +155,11 @@ class DistributedWeightUpdater:
                 weights, self.settings.bucket_bytes, self._staging, self._start_send, weight_version
             )
         except Exception:
+            # The group first: on NCCL its watchdog ends this process once the pending broadcast
+            # outlives the group's timeout, and the gathers below can take a while.
+            self._drop_group()
             for _ in weights:  # finish the gathers the other tensor-parallel ranks are in
                 pass
-            self._drop_group()
             raise
         return {"update_weights_bytes": float(num_bytes), "update_weights_time": time.perf_counter() - start}
 
@@ -188,11 +192,14 @@ class DistributedWeightUpdater:
         if version is not None:
             payload["weight_version"] = version
         replies = post_all(self.engine_urls, "/update_weights_from_distributed", payload, self.timeout)
+        started = time.monotonic()
         work = start_broadcast_from_rank0(self.group, bucket.flattened_tensor, self.timeout)
 
         def wait() -> None:
             try:
-                wait_for_work(work, self.timeout, stop=lambda: first_failure(replies))
+                wait_for_work(
+                    work, self.timeout, lambda: first_failure(replies), self._engines_named(), started
+                )
             except Exception:
                 # A broken broadcast usually means an engine refused (or closed its group): its own
                 # words say why better than the transport's.
@@ -203,6 +210,12 @@ class DistributedWeightUpdater:
             wait_all(replies)
 
         return wait
+
+    def _engines_named(self) -> str:
+        """The engines of the group, for a one-line error: the first few URLs and how many more."""
+        shown = ", ".join(self.engine_urls[:3])
+        more = len(self.engine_urls) - 3
+        return f"engines {shown}" + (f" and {more} more" if more > 0 else "")
 
     def _drop_group(self) -> None:
         """After a failed push: the group may hold a broadcast that never ends; replace it next time."""

@@ -127,6 +127,12 @@ class StagingBuffer:
         if self._buffer is not None and self._buffer.device.type != "cpu":
             self._buffer = None
 
+    def free(self) -> None:
+        """Drops the buffer wherever it lives. A shared one's file in /dev/shm goes with its last
+        mapping; left to the process's end it would outlive a SIGKILL (Ray kills an actor and torch's
+        shared-memory manager, the process that would have unlinked it, together)."""
+        self._buffer = None
+
 
 def _shareable_bytes(nbytes: int, device: torch.device) -> torch.Tensor:
     """A uint8 buffer whose handle pickles without a copy: device memory, or a shared-memory file."""

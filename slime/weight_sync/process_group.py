@@ -8,14 +8,16 @@ TCPStore hosted by rank 0, the trainer), wrapped in `PrefixStore(group_name)`, t
 store chain and backend with public classes only (TCPStore, PrefixStore, ProcessGroupGloo /
 ProcessGroupNCCL) and uses the backend object directly, so the engine needs no default process group
 and disturbs no global torch.distributed state, while a trainer that uses SGLang's recipe (or this
-function) meets it at the same rendezvous keys. Every collective uses the group's timeout, so a missing
-peer fails the call instead of hanging it.
+function) meets it at the same rendezvous keys. A broadcast's waiter (``wait_for_work``) gives up at the
+caller's timeout with its own error; the transport's own timeouts run ``TRANSPORT_TIMEOUT_MARGIN_S``
+longer, as a backstop that never races it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +28,11 @@ import torch.distributed as dist
 from slime.utils.http import listening_socket_fd
 
 DEFAULT_TIMEOUT_S = 300.0
+
+# How much longer than the waiter's timeout a gloo broadcast and the NCCL watchdog wait. The waiter must
+# give up first: its error names the peer, and NCCL's watchdog ends the whole process when a collective
+# outlives the group's timeout, unless the caller has aborted the group by then (``abandon_group``).
+TRANSPORT_TIMEOUT_MARGIN_S = 60.0
 
 
 def create_weight_update_group(
@@ -61,7 +68,7 @@ def create_weight_update_group(
         if not torch.cuda.is_available():
             raise RuntimeError("backend nccl needs CUDA; this process runs on the CPU, use backend gloo")
         options = dist.ProcessGroupNCCL.Options()
-        options._timeout = timeout
+        options._timeout = timeout + datetime.timedelta(seconds=TRANSPORT_TIMEOUT_MARGIN_S)  # the watchdog's
         group = dist.ProcessGroupNCCL(dist.PrefixStore("cuda/", store), rank, world_size, options)
     else:
         raise ValueError(f"unsupported weight-update backend {backend!r} (use gloo or nccl)")
@@ -71,11 +78,12 @@ def create_weight_update_group(
 
 
 def start_broadcast_from_rank0(group: dist.ProcessGroup, tensor: torch.Tensor, timeout_s: float) -> dist.Work:
-    """Start receiving (or, on rank 0, sending) `tensor` in place; `wait` on the result (see below)."""
+    """Start receiving (or, on rank 0, sending) `tensor` in place; wait on the result with
+    `wait_for_work` and the same `timeout_s` (gloo's own timeout, the backstop, is later)."""
     options = dist.BroadcastOptions()
     options.rootRank = 0
     options.rootTensor = 0
-    options.timeout = datetime.timedelta(seconds=timeout_s)
+    options.timeout = datetime.timedelta(seconds=timeout_s + TRANSPORT_TIMEOUT_MARGIN_S)
     return group.broadcast([tensor], options)
 
 
@@ -87,7 +95,10 @@ def broadcast_from_rank0(
 ) -> None:
     """Receive (or, on rank 0, send) `tensor` in place; raises if the peer does not show up in time,
     or what `stop` returns as soon as it returns something (see `wait_for_work`)."""
-    wait_for_work(start_broadcast_from_rank0(group, tensor, timeout_s), timeout_s, stop)
+    last = group.size() - 1
+    receivers = "rank 1" if last == 1 else f"ranks 1-{last}"
+    peer = f"{receivers if group.rank() == 0 else 'rank 0 (the trainer)'} of its group"
+    wait_for_work(start_broadcast_from_rank0(group, tensor, timeout_s), timeout_s, stop, peer)
 
 
 # Groups whose collective was given up on. Destroying one blocks until its pending operation times
@@ -95,31 +106,55 @@ def broadcast_from_rank0(
 _ABANDONED: list[dist.ProcessGroup] = []
 
 POLL_S = 0.005
+SPIN_S = 0.001
+FIRST_POLL_S = 0.0001
 
 
 def wait_for_work(
-    work: dist.Work, timeout_s: float, stop: Callable[[], BaseException | None] | None = None
+    work: dist.Work,
+    timeout_s: float,
+    stop: Callable[[], BaseException | None] | None = None,
+    peer: str = "the other ranks of its group",
+    started: float | None = None,
 ) -> None:
-    """Waits for a started collective; raises what ``stop`` returns as soon as it returns something.
+    """Waits until a started collective has finished; raises what ``stop`` returns as soon as it returns
+    something, and a one-line ``TimeoutError`` naming ``peer`` once ``timeout_s`` have passed since
+    ``started`` (a ``time.monotonic()``, by default now: NCCL's watchdog, too, counts from the start).
 
     A weight update is a collective plus an HTTP call on every engine. An engine that refuses the
     call never joins the collective, which would then hang until its timeout: polling ``stop``
     (which looks at the HTTP replies) turns that refusal into an error within a poll interval.
+
+    Finished means ``work.is_completed()``: gloo sets it once the data is in place, NCCL once the
+    kernel has finished on the GPU. The work's future is no such signal: ProcessGroupNCCL completes it
+    as soon as the kernel is enqueued, so a waiter on the future alone never notices a peer that died.
+    The future still wakes this wait the moment a gloo collective ends, so a CPU push pays no poll
+    interval per bucket. gloo marks the work completed a moment (microseconds) after it completes the
+    future, so the wait then spins for up to ``SPIN_S``, yielding the CPU: a sleep, even ``sleep(0)``,
+    costs tens of microseconds of timer slack on Linux. A work still running after that is a device
+    one (NCCL): it is polled at intervals that grow from ``FIRST_POLL_S`` to ``POLL_S``, so a short
+    broadcast is seen finished within about its own duration and a long one within ``POLL_S``.
     """
-    if stop is None:
-        work.wait(datetime.timedelta(seconds=timeout_s))
-        return
-    # Woken by the collective's own future, not by the poll: a fixed sleep added up to a poll interval
-    # to every bucket on both sides of the push (the quickstart's push is one bucket of 2 MB).
-    finished = threading.Event()
-    work.get_future().add_done_callback(lambda _: finished.set())
-    deadline = time.monotonic() + timeout_s
-    while not finished.wait(POLL_S):
-        failure = stop()
+    deadline = (time.monotonic() if started is None else started) + timeout_s
+    woken = threading.Event()
+    work.get_future().add_done_callback(lambda _: woken.set())
+    spin_end, interval = None, FIRST_POLL_S
+    while not work.is_completed():
+        failure = None if stop is None else stop()
         if failure is not None:
             raise failure
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"a weight-update collective did not finish within {timeout_s:.0f} s")
+        now = time.monotonic()
+        if now >= deadline:
+            raise TimeoutError(f"a weight-update broadcast got no answer from {peer} within {timeout_s:g} s")
+        if not woken.is_set():
+            woken.wait(min(POLL_S, deadline - now))
+            continue
+        spin_end = spin_end or now + SPIN_S
+        if now < spin_end:
+            os.sched_yield()
+        else:
+            time.sleep(min(interval, deadline - now))
+            interval = min(2 * interval, POLL_S)
     work.wait(datetime.timedelta(seconds=timeout_s))  # raises the collective's own error, if any
 
 

@@ -110,3 +110,5 @@ class TensorWeightUpdater:
 
     def disconnect(self, best_effort: bool = False) -> None:
         self.engine_url = None
+        for buffer in self._staging:  # the shared-memory files, now rather than at a killed process's end
+            buffer.free()

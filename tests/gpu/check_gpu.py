@@ -19,6 +19,12 @@
    pushed weights.
    The trainer side is a world of one rank holding the weights on the GPU; one GPU cannot hold two
    NCCL ranks, so the distributed push runs over gloo with CUDA tensors.
+5. A weight-update broadcast over NCCL to a peer that stops joining: two processes form a two-rank NCCL
+   group on the one GPU (each with an ``NCCL_HOSTID`` of its own: NCCL refuses two ranks of one host on
+   one device, and with two hosts they meet over its socket transport on loopback), one broadcast
+   arrives, then the peer joins no more. The sender's ``wait_for_work`` must end at a stop (an engine's
+   refusal) within a poll interval and, without one, at its deadline with one line naming the peer;
+   the work's future, done when the kernel is enqueued, must not end the wait.
 
 Without CUDA every check is skipped (exit 0) and says so.
 """
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -243,6 +250,134 @@ def check_ipc_throughput(gigabytes: float) -> dict[str, float]:
     return {"bytes": total, "pack_s": pack, "open_copy_s": receive, "GB_per_s": total / seconds / 1e9}
 
 
+PEER_CHECK_TIMEOUT_S = 90.0  # spawning, CUDA start-up and the communicator of both ranks, with room
+
+
+def _join_as(rank: int, port: int, device: str):
+    """Rank ``rank`` of check 5's two-rank weight-update group: NCCL on "cuda", gloo on "cpu"."""
+    from slime.weight_sync.process_group import create_weight_update_group
+
+    if device == "cuda":
+        # NCCL refuses two ranks of one host on one GPU; a host id each makes them two hosts, which meet
+        # over NCCL's socket transport on loopback. Set before this process starts NCCL.
+        os.environ["NCCL_HOSTID"] = f"slime-gpu-check-rank-{rank}"
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+        torch.cuda.set_device(0)
+    backend = "nccl" if device == "cuda" else "gloo"
+    return create_weight_update_group("127.0.0.1", port, rank, 2, "gpu-check", backend, timeout_s=120)
+
+
+def _sender(port: int, device: str, conn) -> None:
+    """Rank 0 of check 5 (spawned): its measurements, or its error, go back through ``conn``."""
+    from slime.weight_sync.process_group import abandon_group
+
+    group = None
+    try:
+        group = _join_as(0, port, device)
+        conn.send(("ok", _broadcast_to_a_peer_that_stops_joining(group, device)))
+    except Exception as exc:
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+    abandon_group(group)  # aborts an NCCL communicator: its last kernels wait for the peer forever
+    os._exit(0)
+
+
+def _broadcast_to_a_peer_that_stops_joining(group, device: str) -> dict[str, float | bool | str]:
+    from slime.weight_sync.process_group import start_broadcast_from_rank0, wait_for_work
+
+    tensor = torch.zeros(1 << 20, device=device)
+    peer = "rank 1 (the idle peer)"
+    start = time.perf_counter()
+    wait_for_work(
+        start_broadcast_from_rank0(group, tensor, 60), 60, peer=peer
+    )  # NCCL: builds the communicator
+    results: dict[str, float | bool | str] = {"joined_broadcast_s": time.perf_counter() - start}
+
+    # The peer joins no more broadcasts. A stop (an engine's refusal) after 1 s ends the wait then.
+    work = start_broadcast_from_rank0(group, tensor, 60)
+    results["future_done_at_start"] = work.get_future().done()
+    refusal = RuntimeError("stand-in for an engine's refusal")
+    stop_at = time.monotonic() + 1.0
+    try:
+        wait_for_work(work, 60, stop=lambda: refusal if time.monotonic() >= stop_at else None, peer=peer)
+    except RuntimeError as exc:
+        if exc is not refusal:
+            raise
+    else:
+        raise AssertionError("a broadcast that the peer never joined finished")
+    results["stop_to_raise_s"] = time.monotonic() - stop_at
+    results["completed_without_the_peer"] = work.is_completed()
+
+    # Without a stop, the deadline ends it, with one line naming the peer.
+    start = time.perf_counter()
+    try:
+        wait_for_work(start_broadcast_from_rank0(group, tensor, 3), 3, stop=lambda: None, peer=peer)
+    except TimeoutError as exc:
+        results["deadline_s"] = time.perf_counter() - start
+        results["deadline_error"] = str(exc)
+    else:
+        raise AssertionError("a broadcast that the peer never joined finished")
+    return results
+
+
+def _idle_peer(port: int, device: str, conn) -> None:
+    """Rank 1 of check 5 (spawned): joins the group and one broadcast, then nothing until told to go."""
+    from slime.weight_sync.process_group import broadcast_from_rank0
+
+    try:
+        group = _join_as(1, port, device)
+        tensor = torch.ones(1 << 20, device=device)
+        broadcast_from_rank0(group, tensor, 60)
+        conn.send(("ok", {"received": bool((tensor == 0).all())}))
+        conn.recv()
+    except Exception as exc:
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+    os._exit(0)
+
+
+def _answer(conn, who: str) -> dict:
+    if not conn.poll(PEER_CHECK_TIMEOUT_S):
+        raise AssertionError(f"{who} sent nothing within {PEER_CHECK_TIMEOUT_S:.0f} s")
+    kind, value = conn.recv()
+    if kind == "error":
+        raise AssertionError(f"{who}: {value}")
+    return value
+
+
+def check_broadcast_to_a_peer_that_stops_joining(device: str = "cuda") -> dict[str, float | bool | str]:
+    """Check 5: ``wait_for_work`` ends at a stop and at its deadline, not at the work's future (NCCL's
+    is done at once); ``device="cpu"`` runs the same check over gloo."""
+    from slime.utils.http import free_port
+
+    context = mp.get_context("spawn")
+    port = free_port()
+    ends, processes = {}, []
+    for who, target in (("the sender", _sender), ("the idle peer", _idle_peer)):
+        ours, theirs = context.Pipe()
+        processes.append(context.Process(target=target, args=(port, device, theirs), daemon=True))
+        processes[-1].start()
+        ends[who] = ours
+    try:
+        peer = _answer(ends["the idle peer"], "the idle peer")
+        results = _answer(ends["the sender"], "the sender")
+        ends["the idle peer"].send("go")
+    finally:
+        for process in processes:
+            process.join(10)
+            if process.is_alive():
+                process.kill()
+    assert peer["received"], "the broadcast both ranks joined did not arrive"
+    assert not results["completed_without_the_peer"], "a broadcast without its peer counts as completed"
+    assert results["stop_to_raise_s"] < 0.5, (
+        f"the stop took {results['stop_to_raise_s']:.2f} s to end the wait"
+    )
+    assert 3.0 <= results["deadline_s"] < 4.0, (
+        f"a deadline of 3 s ended the wait after {results['deadline_s']:.2f} s"
+    )
+    message = results["deadline_error"]
+    assert "rank 1 (the idle peer)" in message and "\n" not in message, message
+    return results
+
+
 def hf_logprobs(
     model_dir: Path, state: dict[str, torch.Tensor], ids: list[int], prompt_len: int
 ) -> list[float]:
@@ -389,6 +524,7 @@ def run_checks(handoff_gb: float = 1.0) -> dict[str, dict]:
     finally:
         server.stop()
     timed("cuda_ipc_handoff_two_processes", lambda: check_ipc_throughput(handoff_gb))
+    timed("nccl_broadcast_to_a_peer_that_stops_joining", check_broadcast_to_a_peer_that_stops_joining)
     from slime.backends import sglang
 
     if sglang.is_available():

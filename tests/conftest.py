@@ -84,6 +84,15 @@ def tiny_run_flags(tiny_models, reverse_task) -> Callable[..., list[str]]:
     return flags
 
 
+@pytest.fixture(autouse=True)
+def no_engine_key_between_tests(monkeypatch):
+    """The run's engine key lives in this process's environment once a run sets it up
+    (``slime.ray.cluster.start_ray``); no test may hand one on to the next."""
+    from slime.utils.http import ENGINE_API_KEY_ENV
+
+    monkeypatch.delenv(ENGINE_API_KEY_ENV, raising=False)
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
     """One local Ray cluster with 8 logical GPUs, shared by every test that places actors."""

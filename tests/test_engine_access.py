@@ -316,18 +316,16 @@ def test_a_single_node_run_listens_on_loopback_only(tiny_run_flags):
 
 @pytest.mark.e2e
 @pytest.mark.slow
-@pytest.mark.parametrize("given", [True, False], ids=["sglang-api-key", "made-by-the-run"])
-def test_a_run_other_hosts_can_reach_demands_its_key_everywhere(tiny_models, tiny_run_flags, tmp_path, given):
+def test_a_run_other_hosts_can_reach_demands_its_key_everywhere(tiny_models, tiny_run_flags, tmp_path):
     """An engine on another host (here: this host's routable address) makes the run reachable: Ray
-    and the run's own engine listen on the node's address, and the engine demands the run's key: the
-    external engine's, given with --sglang-api-key, or one the run made (the external engine has none
-    then, and ignores it). The run still rolls out through the router and pushes its weights to both
-    engines, and the key is in no log."""
+    and the run's own engine listen on the node's address, and the engine demands the run's key, the
+    external engine's, given with --sglang-api-key (a key the run makes itself travels the same way:
+    ``test_a_run_key_is_the_users_or_a_new_one_unless_the_run_is_on_loopback``). The run still rolls
+    out through the router and pushes its weights to both engines, and the key is in no log."""
     host = routable_address()
     if host is None:
         pytest.skip("this machine has no routable address")
-    flags = ("--api-key", KEY) if given else ()
-    external = start_engine(tiny_models["qwen2"], tmp_path / "external.log", *flags, host=host)
+    external = start_engine(tiny_models["qwen2"], tmp_path / "external.log", "--api-key", KEY, host=host)
     keys: list[str] = []  # the run's key, as its engine server has it
 
     def probe_own_engine(watch: RunWatch) -> None:  # once, while the run's engine is up
@@ -346,13 +344,12 @@ def test_a_run_other_hosts_can_reach_demands_its_key_everywhere(tiny_models, tin
 
     try:
         flags = tiny_run_flags(
-            *(("--sglang-api-key", KEY) if given else ()),
-            rollout_num_gpus=1, actor_num_gpus_per_node=1,
+            "--sglang-api-key", KEY, rollout_num_gpus=1, actor_num_gpus_per_node=1,
             rollout_external_engine_addrs=external.url.removeprefix("http://"),
         )  # fmt: skip
         watch = RunWatch(flags)
         out, err = watch.wait(during=probe_own_engine)
-        assert len(keys) == 1 and (keys[0] == KEY) is given
+        assert len(keys) == 1 and keys[0] == KEY
         info = requests.get(f"{external.url}/model_info", headers=bearer(KEY), timeout=30).json()
         assert info["weight_version"] not in ("default", None)  # the trainer's pushes reached it
     finally:

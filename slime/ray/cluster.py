@@ -69,6 +69,8 @@ def start_ray(args: argparse.Namespace) -> None:
     flag, address = "--ray-address", args.ray_address
     if not address:
         flag, address = "RAY_ADDRESS", os.environ.get("RAY_ADDRESS")
+    if address:  # an unreachable cluster is one line, before this process's environment changes
+        check_reachable(address, flag)
     loopback = not address and all(is_loopback(addr) for addr in args.rollout_external_engine_addrs or [])
     key = run_api_key(args, loopback)
     env_vars = {ENGINE_API_KEY_ENV: key} if key else {}
@@ -77,7 +79,6 @@ def start_ray(args: argparse.Namespace) -> None:
     else:  # a key left by an earlier run in this process must not reach this run's engines
         os.environ.pop(ENGINE_API_KEY_ENV, None)
     if address:
-        check_reachable(address, flag)
         ray.init(address=address, runtime_env={"env_vars": env_vars} if env_vars else None)
         return
     # Token auth guards shared clusters; a cluster this process starts for itself needs none.

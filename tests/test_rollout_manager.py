@@ -409,6 +409,11 @@ def test_samples_to_train_data_masks_failed_samples_and_keeps_group_order():
     assert data["loss_masks"] == [[1, 1], [0, 0], [1, 1], [1, 1]]
     assert data["valid_rewards"] == [True, False, True, True]  # out of its group's mean and std
     assert data["prompt_groups"] == [0, 0, 1, 1]
+    groups[1][1].remove_sample = True  # upstream slime's flag: kept in its group, left out of the loss
+    removed = samples_to_train_data(groups, reward_key="acc")
+    assert removed["loss_masks"] == [[1, 1], [0, 0], [1, 1], [0, 0]]
+    assert removed["valid_rewards"] == [True, False, True, True] and removed["rewards"][3] == 1.0
+    groups[1][1].remove_sample = False
     assert samples_to_train_data([groups[0] + groups[1][:1], groups[1][1:]], "acc")["prompt_groups"] == [
         0,
         0,

@@ -77,7 +77,8 @@ def samples_to_train_data(groups: list[list[Sample]], reward_key: str | None = N
     mismatch metrics leave its tokens out. A
     FAILED sample (its reward could not be computed) keeps its place, so group shapes hold, but its
     loss mask is all zeros and ``valid_rewards`` is False: nothing is learned from a reward that does
-    not exist, and its placeholder 0.0 stays out of its group's mean and std.
+    not exist, and its placeholder 0.0 stays out of its group's mean and std. A sample a plugin marked
+    ``remove_sample`` (upstream slime's field) keeps its place and reward but its loss mask is zeros.
     """
     samples = [sample for group in groups for sample in group]
     prompt_groups = [number for number, group in enumerate(groups) for _ in group]
@@ -100,7 +101,9 @@ def samples_to_train_data(groups: list[list[Sample]], reward_key: str | None = N
                 f"{None if log_probs is None else len(log_probs)} rollout log-probs "
                 "(the generate function must fill all of them for the response)"
             )
-        if sample.status == Sample.Status.FAILED:
+        if (
+            sample.status == Sample.Status.FAILED or sample.remove_sample
+        ):  # upstream's flag: keep, do not train
             mask = [0] * n
         data["tokens"].append(list(sample.tokens))
         data["response_lengths"].append(n)

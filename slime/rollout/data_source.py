@@ -461,3 +461,33 @@ class KeptPositions:
                     f"no data position after rollout {rollout_id} was kept (kept: {self.kept}, "
                     f"last generated: {self.generated})"
                 )
+
+
+class RolloutDataSource(PromptDataSource):
+    """Upstream slime's data source (``slime.rollout.data_source.RolloutDataSource``), built as upstream
+    builds it, ``C(args)``, so a ``--data-source-path`` class written for THUDM/slime can subclass it.
+    It is our ``PromptDataSource`` read from the flags; ``save``/``load`` take our ``directory``
+    argument as well (docs/upstream-compat.md)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        # from_args reads and checks the flags; this adopts the source it built
+        vars(self).update(vars(PromptDataSource.from_args(args)))
+        self.args = args
+
+    def add_samples(self, groups: list[list[Sample]]) -> None:
+        """Refused, as upstream: a read-only source; ``RolloutDataSourceWithBuffer`` takes groups back."""
+        raise RuntimeError(f"Cannot add samples to {type(self).__name__}. This is a read-only data source.")
+
+
+class RolloutDataSourceWithBuffer(RolloutDataSource):
+    """Upstream's data buffer: ``add_samples`` keeps returned groups in ``self.buffer`` and
+    ``get_samples`` serves them first, as ``--buffer-filter-path``'s
+    ``buffer_filter(args, buffer, num_samples)`` picks them (the guide's form; by default the earliest)."""
+
+    def add_samples(self, groups: list[list[Sample]]) -> None:
+        """Keeps ``groups`` in the buffer, served before new prompts."""
+        PromptDataSource.add_samples(self, groups)
+
+    def get_buffer_length(self) -> int:
+        """Number of groups waiting in the buffer."""
+        return len(self.buffer)

@@ -8,6 +8,7 @@ token-level fields. Keeping every stage on one small typed record is what lets u
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
@@ -56,6 +57,16 @@ class Sample:
     turn_spans: list[tuple[int, int]] = field(default_factory=list)
     """``[start, end)`` of the response tokens each generation turn produced, parallel to
     ``weight_versions``: which tokens an older policy sampled (``--mask-offpolicy-in-partial-rollout``)."""
+    # Upstream slime's field names (docs/upstream-compat.md): plugins written for it set or read them.
+    multimodal_inputs: dict[str, Any] | None = None
+    """Raw images/videos of the prompt, as upstream names them; the torch engine serves text only."""
+    remove_sample: bool = False
+    """Upstream's flag for a sample to leave out of the loss; carried, not read by our trainer
+    (docs/upstream-compat.md)."""
+    train_metadata: dict[str, Any] | None = None
+    """Upstream's per-sample training settings (e.g. which loss); carried, not read by our trainer."""
+    session_id: str | None = None
+    """Upstream's routing key for consistent-hashing routers; carried with the sample."""
 
     @property
     def prompt_length(self) -> int:
@@ -98,6 +109,10 @@ class Sample:
                 )
             return float(self.reward[reward_key])
         return float(self.reward)
+
+    def get_reward_value(self, args: argparse.Namespace) -> float:
+        """Upstream slime's spelling of ``reward_value``: plugins written for it call this."""
+        return self.reward_value(args.reward_key)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field (status as its string value), for debug dumps."""

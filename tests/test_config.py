@@ -382,7 +382,6 @@ def test_lr_not_required_for_rollout_only(hf: str) -> None:
         (["--rm-type", "remote"], "--rm-url", "remote"),
         (["--group-rm"], "--group-rm", "--custom-rm-path"),
         (["--over-sampling-batch-size", "2"], "--over-sampling-batch-size", "at least 4"),
-        (["--eval-interval", "5"], "--eval-interval", "--eval-prompt-data or --eval-config"),
         (["--eval-pass-threshold", "0.5"], "--eval-pass-threshold", "--log-passrate"),
         (["--save-interval", "5"], "--save-interval", "--save"),
         (["--auto-resume", "1"], "--auto-resume", "add --save DIR --save-interval N"),

@@ -30,6 +30,7 @@ ROWS: dict[str, dict[str, object]] = {
     "qwen3-30B-A3B.sh": {"qk_layernorm": True, "moe_router_score_function": "softmax"},
     "qwen3-235B-A22B.sh": {"qk_layernorm": True, "moe_router_score_function": "softmax"},
     "llama3.1-8B.sh": {"use_rope_scaling": True, "add_qkv_bias": False},
+    "llama3-8B.sh": {"add_qkv_bias": False},
     "llama3-70B.sh": {"use_rope_scaling": True, "rope_scaling_factor": 8.0, "add_qkv_bias": False},
     "glm4-9B.sh": {
         "add_qkv_bias": True,
@@ -37,9 +38,19 @@ ROWS: dict[str, dict[str, object]] = {
         "post_self_attn_layernorm": True,
         "post_mlp_layernorm": True,
     },
+    "glm-z1-9B.sh": {
+        "add_qkv_bias": True,
+        "rotary_interleaved": True,
+        "post_self_attn_layernorm": True,
+        "post_mlp_layernorm": True,
+    },
     "glm4.5-106B-A12B.sh": {"add_qkv_bias": True, "qk_layernorm": False, "rotary_interleaved": False},
     "glm4.5-355B-A32B.sh": {"add_qkv_bias": True, "qk_layernorm": True, "rotary_interleaved": False},
+    "glm4.6-355B-A32B.sh": {"add_qkv_bias": True, "qk_layernorm": True, "rotary_interleaved": False},
+    "glm4.7-355B-A32B.sh": {"add_qkv_bias": True, "qk_layernorm": True, "rotary_interleaved": False},
     "deepseek-v3.sh": {"qk_layernorm": True},
+    "deepseek-v3.1.sh": {"qk_layernorm": True},
+    "deepseek-r1.sh": {"qk_layernorm": True},
     "kimi-k2.sh": {"qk_layernorm": True},
     "moonlight-16B-A3B.sh": {"qk_layernorm": True},
 }

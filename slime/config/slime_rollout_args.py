@@ -101,8 +101,10 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
         "--custom-generate-function-path",
         type=str,
         default=None,
-        help="Plugin path of async fn(args, sample, sampling_params) -> Sample | list[Sample], the "
-        "per-sample step (multi-turn, tools); helpers in slime.rollout.generate_utils.",
+        help="Plugin path (pkg.module.fn, file.py:fn, or a bare file.py meaning its custom_generate, else "
+        "its generate) of async fn(args, sample, sampling_params) -> Sample | list[Sample], the "
+        "per-sample step (multi-turn, tools; helpers in slime.rollout.generate_utils), or of async "
+        "fn(args, samples, evaluation=False) -> list[Sample], called once per prompt group.",
     )
     g.add_argument(
         "--max-turns",
@@ -298,7 +300,23 @@ def add_reward_arguments(parser: argparse.ArgumentParser) -> None:
         "--custom-rm-path",
         type=str,
         default=None,
-        help="Plugin path (pkg.module.fn or file.py:fn) of a custom reward function fn(args, sample).",
+        help="Plugin path (pkg.module.fn, file.py:fn, or a bare file.py meaning its reward_func, else its "
+        "CustomRewardModel) of a custom reward function fn(args, sample), or of a reward-model class "
+        "C(model_path) with compute_reward(prompts, responses) -> list, called once per prompt group.",
+    )
+    g.add_argument(
+        "--custom-rm-model-path",
+        type=str,
+        default=None,
+        help="model_path passed to a --custom-rm-path reward-model class when it is built (once per "
+        "rollout process).",
+    )
+    g.add_argument(
+        "--rm-batch-size",
+        type=positive_int,
+        default=None,
+        help="At most this many samples per compute_reward call of a --custom-rm-path reward-model "
+        "class (default: one call per prompt group).",
     )
     g.add_argument(
         "--group-rm",
@@ -329,9 +347,11 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--eval-prompt-data",
         nargs="+",
+        action="extend",
         default=None,
         metavar="NAME PATH",
-        help="Evaluation sets as NAME PATH pairs, read with the --eval-* flags (or use --eval-config).",
+        help="Evaluation sets as NAME PATH pairs, read with the --eval-* flags (or use --eval-config); "
+        "the flag may be repeated, one set each.",
     )
     g.add_argument(
         "--eval-config",

@@ -18,8 +18,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import inspect
 import os
 import re
+import sys
 import tempfile
 from collections.abc import Callable, Collection
 from typing import Any
@@ -31,7 +33,13 @@ from slime.config.megatron_args import add_megatron_arguments
 from slime.config.sglang_args import check_sglang_server_args
 from slime.config.slime_args import DEFAULT_ROLLOUT_FUNCTION_PATH, PLUGIN_FLAGS
 from slime.utils.checkpoint_layout import TRACKER_FILE, iteration_dir, latest_rollout_id, saved_rollout_ids
-from slime.utils.plugins import PluginError, absolute_path, check_plugin
+from slime.utils.plugins import (
+    PluginError,
+    check_plugin,
+    load_function,
+    resolve_path,
+    reward_model_needs_path,
+)
 
 
 def validate_args(args: argparse.Namespace, explicit: Collection[str] | None = None) -> None:
@@ -807,7 +815,13 @@ def _check_eval(args: argparse.Namespace) -> None:
     args.eval_sets = eval_sets_from_args(args)
     flag = "--eval-config" if args.eval_config is not None else "--eval-prompt-data"
     if args.eval_interval is not None and not args.eval_sets:
-        raise ConfigError("--eval-interval", "given without --eval-prompt-data or --eval-config; add a set")
+        # The usage guide's workflow 1 passes --eval-interval with no eval data and upstream slime
+        # runs it without evaluating, so this runs too: one warning, evaluation off.
+        sys.stderr.write(
+            "warning: --eval-interval: given without --eval-prompt-data or --eval-config; evaluation "
+            "is off (add a set to evaluate)\n"
+        )
+        args.eval_interval = None
     if args.eval_pass_threshold != 1.0 and not args.log_passrate:
         raise ConfigError("--eval-pass-threshold", "counts only with --log-passrate; add it or drop this")
     for eval_set in args.eval_sets:
@@ -825,12 +839,15 @@ def _check_eval_reward_plugins(args: argparse.Namespace) -> None:
         path = eval_set.custom_rm_path
         if path is None:
             continue
-        if path != args.custom_rm_path:
-            try:
-                check_plugin("--custom-rm-path", path)
-            except PluginError as e:
-                raise ConfigError("--eval-config", f"{args.eval_config}: set {eval_set.name!r}: {e}") from e
-        args.eval_sets[i] = dataclasses.replace(eval_set, custom_rm_path=absolute_path(path))
+        flag = "--custom-rm-path" if path == args.custom_rm_path else "--eval-config"
+        try:
+            if path != args.custom_rm_path:
+                _check_reward_model_path(args, check_plugin("--custom-rm-path", path))
+            resolved = resolve_path("--custom-rm-path", path)
+        except PluginError as e:
+            where = "" if flag == "--custom-rm-path" else f"{args.eval_config}: set {eval_set.name!r}: "
+            raise ConfigError(flag, f"{where}{e}") from e
+        args.eval_sets[i] = dataclasses.replace(eval_set, custom_rm_path=resolved)
 
 
 def _check_plugins(args: argparse.Namespace) -> None:
@@ -843,7 +860,35 @@ def _check_plugins(args: argparse.Namespace) -> None:
         if path is None or path == defaults.get(flag):
             continue
         try:
-            check_plugin(flag, path)
+            target = check_plugin(flag, path)
         except PluginError as e:
             raise ConfigError(flag, str(e)) from e
-        setattr(args, dest, absolute_path(path))
+        setattr(args, dest, resolve_path(flag, path))
+        if flag == "--custom-rm-path":
+            _check_reward_model_path(args, target)
+    _check_reward_model_flags(args)
+
+
+def _check_reward_model_flags(args: argparse.Namespace) -> None:
+    """``--custom-rm-model-path`` and ``--rm-batch-size`` reach only a reward-model class (the flag's or
+    an eval set's); without one they would be ignored in silence."""
+    paths = {args.custom_rm_path, *(eval_set.custom_rm_path for eval_set in args.eval_sets)} - {None}
+    if any(inspect.isclass(load_function(path)) for path in paths):
+        return
+    for flag in ("--custom-rm-model-path", "--rm-batch-size"):
+        if getattr(args, flag[2:].replace("-", "_")) is not None:
+            raise ConfigError(
+                flag,
+                "counts only with a reward-model class in --custom-rm-path (C(model_path) with "
+                "compute_reward(prompts, responses)); drop it",
+            )
+
+
+def _check_reward_model_path(args: argparse.Namespace, target: object) -> None:
+    """A reward-model class whose constructor needs ``model_path`` gets it from ``--custom-rm-model-path``;
+    without the flag it would fail in every rollout process, so it is refused here."""
+    if inspect.isclass(target) and args.custom_rm_model_path is None and reward_model_needs_path(target):
+        raise ConfigError(
+            "--custom-rm-model-path",
+            f"required by the reward-model class {args.custom_rm_path} (its constructor takes model_path)",
+        )

@@ -30,7 +30,9 @@ Rollout control:
 - ``--mask-offpolicy-in-partial-rollout`` leaves tokens an older weight version sampled out of the loss.
 
 ``--custom-generate-function-path`` replaces the per-sample step (multi-turn, tools):
-``async def generate(args, sample, sampling_params) -> Sample | list[Sample]``.
+``async def generate(args, sample, sampling_params) -> Sample | list[Sample]``, or, in the usage
+guide's form, the per-group step ``async def custom_generate(args, samples, evaluation=False) -> list``
+(``slime.utils.plugins.is_group_generate``); a reward either sets on a sample is kept.
 """
 
 from __future__ import annotations
@@ -70,9 +72,10 @@ from slime.rollout.output import RolloutOutput
 from slime.rollout.rewards import RewardChoice, score_groups
 from slime.rollout.sample import Sample
 from slime.utils.http import client_session, run_on_thread_loop
-from slime.utils.plugins import load_function
+from slime.utils.plugins import declares, is_group_generate, load_function
 
-GenerateFn = Callable[[argparse.Namespace, Sample, dict[str, Any]], Awaitable[Sample | list[Sample]]]
+# (args, sample, sampling_params) per sample, or (args, samples, ...) per group (the usage guide's form).
+GenerateFn = Callable[..., Awaitable[Sample | list[Sample]]]
 FilterFn = Callable[[argparse.Namespace, list[Sample]], FilterResult | bool]
 
 ABORT_RETRY_S = 0.5  # a request still in the router when the abort went out reaches an engine later
@@ -171,8 +174,11 @@ class RolloutClient:
     """The per-rollout HTTP state: one session, one concurrency bound, one abort signal, and the reward
     function its groups are scored with (an evaluation set's own, or the reward flags')."""
 
-    def __init__(self, args: argparse.Namespace, url: str, reward: RewardChoice | None = None) -> None:
+    def __init__(
+        self, args: argparse.Namespace, url: str, reward: RewardChoice | None = None, evaluation: bool = False
+    ) -> None:
         self.args = args
+        self.evaluation = evaluation
         self.router_url = url
         self.reward = RewardChoice.from_args(args) if reward is None else reward
         num_engines = max(1, (args.rollout_num_gpus or 1) // args.rollout_num_gpus_per_engine)
@@ -180,6 +186,7 @@ class RolloutClient:
         self.slots = SampleSlots(concurrency)
         self.plugin = args.custom_generate_function_path
         self.generate: GenerateFn | None = load_function(self.plugin) if self.plugin else None
+        self.per_group = self.generate is not None and is_group_generate(self.generate)
         # The loop's shared session (keep-alive connections across rollouts); a dead engine is the
         # router's to report.
         session, self._shared_session = client_session(concurrency)
@@ -206,6 +213,8 @@ class RolloutClient:
         if self.generate is None:
             await self._generate_batched(group, params, progress)
             done = group
+        elif self.per_group:
+            done = await self._generate_group_form(group, params, progress)
         else:
             returned = [self._generate_one(sample, params, progress) for sample in group]
             done = [sample for samples in await asyncio.gather(*returned) for sample in samples]
@@ -252,6 +261,35 @@ class RolloutClient:
         for returned in samples:
             complete_generated(self.args, returned, self.plugin)
         return samples
+
+    async def _generate_group_form(
+        self, group: list[Sample], params: dict[str, Any], progress: tqdm
+    ) -> list[Sample]:
+        """The group's unfinished samples through a per-group generate (the usage guide's form), in one
+        call: such a function may compare or rank the group's responses. ``evaluation`` and
+        ``sampling_params`` are passed by keyword where it declares them."""
+        finished = [sample for sample in group if sample.finished]
+        todo = [sample for sample in group if not sample.finished]
+        if not todo:
+            return group
+        kwargs: dict[str, Any] = {}
+        if declares(self.generate, "evaluation"):
+            kwargs["evaluation"] = self.evaluation
+        if declares(self.generate, "sampling_params"):
+            kwargs["sampling_params"] = dict(params)
+        async with self.slots.hold(min(len(todo), self.slots.capacity)):
+            if self.context.aborted.is_set():  # never started: they go back untouched
+                return group
+            result = await self.generate(self.args, todo, **kwargs)
+        if not isinstance(result, list) or not all(isinstance(s, Sample) for s in result):
+            raise RolloutError(
+                f"--custom-generate-function-path {self.plugin} returned {type(result).__name__}; "
+                "a per-group generate (args, samples, evaluation=False) returns the list of samples"
+            )
+        progress.update(len(todo))
+        for returned in result:
+            complete_generated(self.args, returned, self.plugin)
+        return finished + result
 
     async def abort(self, pending: set[asyncio.Task]) -> list[list[Sample]]:
         """Aborts this rollout's requests on every engine until each has come back.
@@ -338,7 +376,7 @@ async def generate_groups(
         reward = RewardChoice(
             rm_type=eval_set.rm_type, custom_rm_path=eval_set.custom_rm_path, group_rm=eval_set.group_rm
         )
-    client = RolloutClient(args, url, reward)
+    client = RolloutClient(args, url, reward, evaluation=eval_set is not None)
     params = sampling_params(args, eval_set)
     total = sum(len(group) for group in groups)
     try:

@@ -1,7 +1,14 @@
 """User plugins: the one loader for every ``--*-path`` flag, and the contract each flag's target must meet.
 
-A plugin path is either a dotted path, ``pkg.module.fn`` (imported from ``sys.path``), or a file path,
-``path/to/file.py:fn`` (loaded from that file, so a script next to a launch command needs no package).
+A plugin path is either a dotted path, ``pkg.module.fn`` (imported from ``sys.path``), a file path,
+``path/to/file.py:fn`` (loaded from that file, so a script next to a launch command needs no package),
+or a bare ``path/to/file.py``, which names the conventional attribute of its flag (``DEFAULT_NAMES``:
+the usage guide writes ``--custom-generate-function-path custom_generate.py``).
+
+``--custom-generate-function-path`` has two forms: slime's per-sample ``fn(args, sample,
+sampling_params)`` and the usage guide's per-group ``fn(args, samples, evaluation=False)``
+(``is_group_generate`` tells them apart). ``--custom-rm-path`` may name a reward-model class,
+``C(model_path)`` with ``compute_reward(prompts, responses) -> list`` (checked by ``check_plugin``).
 
 ``PLUGIN_CONTRACTS`` names, per flag, the parameters slime passes. ``check_plugin`` binds those
 parameters to the target's signature at start-up, so a plugin written for another contract is one
@@ -82,6 +89,23 @@ PLUGIN_CONTRACTS: dict[str, PluginContract] = {
 }
 
 
+# The attributes a bare ``file.py`` names, tried in order: the names the usage guide and upstream slime
+# give these plugins, so their files run without a ``:name`` suffix.
+DEFAULT_NAMES: dict[str, tuple[str, ...]] = {
+    "--custom-generate-function-path": ("custom_generate", "generate"),
+    "--custom-rm-path": ("reward_func", "CustomRewardModel"),
+}
+
+GROUP_GENERATE = "async fn(args, samples, evaluation=False) -> list[Sample]"
+"""The usage guide's generate form: the whole prompt group at once."""
+
+REWARD_MODEL = "a class C(model_path) with method compute_reward(prompts, responses) -> list[float]"
+"""The usage guide's reward-model form of ``--custom-rm-path``."""
+
+
+_OTHER_FORMS = {"--custom-generate-function-path": GROUP_GENERATE, "--custom-rm-path": REWARD_MODEL}
+
+
 def _import_file(file_path: str) -> Any:
     """The module at ``file_path``, loaded once per process under a name derived from its real path."""
     real = os.path.realpath(file_path)
@@ -116,6 +140,32 @@ def absolute_path(path: str) -> str:
     return path if split is None else f"{os.path.abspath(split[0])}:{split[1]}"
 
 
+def resolve_path(flag: str, path: str) -> str:
+    """``path`` in the form every process loads: a bare ``file.py`` becomes ``/abs/file.py:name`` with
+    the first of ``DEFAULT_NAMES[flag]`` the file defines; other forms get an absolute file part.
+
+    Raises ``PluginError`` naming the names tried (or, for a flag without conventional names, how
+    to name one)."""
+    if not path.endswith(".py"):
+        return absolute_path(path)
+    names = DEFAULT_NAMES.get(flag, ())
+    if not names:
+        raise PluginError(f"{path!r} names a file but no function in it; write {path}:function_name")
+    try:
+        module = _import_file(path)
+    except PluginError:
+        raise
+    except Exception as e:  # the file's own code raised while loading
+        raise PluginError(f"cannot load {path!r} ({_one_line(e)}); fix the file") from e
+    for name in names:
+        if hasattr(module, name):
+            return f"{os.path.abspath(path)}:{name}"
+    raise PluginError(
+        f"{path} defines none of {', '.join(names)} (the names a bare file is looked up by); "
+        f"define one or write {path}:function_name"
+    )
+
+
 def _one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {' '.join(str(error).split())}"
 
@@ -124,8 +174,12 @@ def _one_line(error: BaseException) -> str:
 def load_function(path: str) -> Callable[..., Any]:
     """The object ``path`` names: ``pkg.module.attr`` or ``path/to/file.py:attr`` (cached per process).
 
+    A bare ``file.py`` is refused: which name it means depends on the flag (``resolve_path``).
+
     Raises ``PluginError`` with one line saying what is wrong and how to write the path.
     """
+    if path.endswith(".py"):
+        raise PluginError(f"{path!r} names a file but no function in it; write {path}:function_name")
     split = _split_file_path(path)
     if split is not None:
         location, attr = split
@@ -177,14 +231,72 @@ def _shown(fn: Callable[..., Any]) -> str:
         return "(?)"
 
 
+def is_group_generate(fn: Callable[..., Any]) -> bool:
+    """Whether a generate function takes the whole prompt group (the usage guide's form): its first
+    parameter after ``args`` is called ``samples`` or annotated as a list."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    if len(params) < 2:
+        return False
+    data = params[1]
+    annotation = data.annotation
+    if isinstance(annotation, str):  # ``from __future__ import annotations`` leaves it unevaluated
+        is_list = annotation.replace("typing.", "").startswith(("list", "List"))
+    else:
+        is_list = annotation is list or getattr(annotation, "__origin__", None) is list
+    return data.name == "samples" or is_list
+
+
+def declares(fn: Callable[..., Any], name: str) -> bool:
+    """Whether ``fn`` has a parameter ``name`` (or ``**kwargs``), so it may be passed by keyword."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+def reward_model_needs_path(cls: type) -> bool:
+    """Whether a reward-model class cannot be built without ``model_path``."""
+    return not _accepts(cls, 0)
+
+
+def _check_reward_model(path: str, cls: type) -> type:
+    """A ``--custom-rm-path`` class: buildable from ``model_path`` and with ``compute_reward(prompts,
+    responses)``, sync or async."""
+    if not _accepts(cls, 1) and not _accepts(cls, 0):
+        raise PluginError(f"{path}{_shown(cls)} cannot be built as C(model_path); expected {REWARD_MODEL}")
+    method = getattr(cls, "compute_reward", None)
+    if not callable(method):
+        raise PluginError(f"{path} has no method compute_reward; expected {REWARD_MODEL}")
+    bound = isinstance(inspect.getattr_static(cls, "compute_reward"), (staticmethod, classmethod))
+    if not _accepts(method, 2 + (0 if bound else 1)):
+        raise PluginError(
+            f"{path}.compute_reward{_shown(method)} does not take (prompts, responses); "
+            f"expected {REWARD_MODEL}"
+        )
+    return cls
+
+
 def check_plugin(flag: str, path: str) -> Callable[..., Any]:
-    """Loads ``path`` and checks it against ``flag``'s contract; returns the target.
+    """Loads ``path`` (after ``resolve_path``) and checks it against ``flag``'s contract; returns the target.
 
     Raises ``PluginError`` naming the target's actual signature and the documented one.
     """
+    path = resolve_path(flag, path)
     contract = PLUGIN_CONTRACTS[flag]
     target = load_function(path)
     expected = contract.describe()
+    if flag in _OTHER_FORMS:
+        expected += f" or {_OTHER_FORMS[flag]}"
+    if flag == "--custom-rm-path" and inspect.isclass(target):
+        return _check_reward_model(path, target)
+    if flag == "--custom-generate-function-path" and is_group_generate(target):
+        if not inspect.iscoroutinefunction(target) or not _accepts(target, 2):
+            raise PluginError(f"{path}{_shown(target)} takes samples but is not {GROUP_GENERATE}")
+        return target
     if contract.kind == "class":
         if not inspect.isclass(target):
             raise PluginError(f"{path} is a {type(target).__name__}, not a class; expected {expected}")

@@ -3,9 +3,16 @@
 
 Which function scores a sample, first match wins:
 
+0. A reward the generate function already set on the sample (the usage guide's generate scores as it
+   goes): kept, nothing else is called for that sample.
 1. ``--custom-rm-path module.fn`` (or ``file.py:fn``): ``fn(args, sample) -> float | dict`` (async or
    sync); with ``--group-rm``, ``fn(args, samples) -> list[float | dict]`` once per prompt group, for
-   rewards that compare the responses to one prompt (ranking, pairwise judges).
+   rewards that compare the responses to one prompt (ranking, pairwise judges). Or the usage guide's
+   reward-model class ``C(model_path)`` with ``compute_reward(prompts, responses) -> list``: built
+   once per process (``model_path`` from ``--custom-rm-model-path``) and called once per prompt group
+   (or per ``--rm-batch-size`` samples of it) with their prompts and responses, a sync method on a
+   worker thread so that a model's
+   forward pass does not stall the rollout's event loop.
 2. ``sample.metadata["rm_type"]``: lets one dataset mix tasks (maths next to QA).
 3. ``--rm-type``: a name in ``BUILTIN_REWARDS``.
 
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import inspect
 import logging
 import math
@@ -92,6 +100,37 @@ def resolve_reward_fn(choice: RewardChoice, sample: Sample) -> RewardFn:
     return BUILTIN_REWARDS[rm_type]
 
 
+@functools.cache
+def reward_model(path: str, model_path: str | None) -> Any:
+    """The ``--custom-rm-path`` class's instance of this process: a reward model loads weights once."""
+    cls = load_reward_function(path)
+    return cls() if model_path is None else cls(model_path)
+
+
+async def _score_with_model(args: argparse.Namespace, group: list[Sample], path: str) -> None:
+    """One ``compute_reward(prompts, responses)`` call for ``group``; a wrong answer fails the group."""
+    name = path.rpartition(":")[2] if ":" in path else path.rpartition(".")[2]
+    try:
+        model = reward_model(path, args.custom_rm_model_path)
+        prompts, responses = [s.prompt for s in group], [s.response for s in group]
+        if inspect.iscoroutinefunction(model.compute_reward):
+            rewards = await model.compute_reward(prompts, responses)
+        else:
+            rewards = await asyncio.to_thread(model.compute_reward, prompts, responses)
+        if not isinstance(rewards, (list, tuple)) or len(rewards) != len(group):
+            got = f"{len(rewards)} rewards" if isinstance(rewards, (list, tuple)) else type(rewards).__name__
+            raise RewardError(f"{name}.compute_reward returned {got} for {len(group)} responses")
+        bad = [r for r in rewards if isinstance(r, bool) or not isinstance(r, (int, float))]
+        if bad:
+            raise RewardError(f"{name}.compute_reward returned {bad[0]!r}; expected a number per response")
+        checked = [_checked(r, args.reward_key, s) for r, s in zip(rewards, group, strict=True)]
+    except Exception as e:
+        _fail(group, e)
+        return
+    for sample, reward in zip(group, checked, strict=True):
+        sample.reward = reward
+
+
 async def _call(fn: Callable[..., Any], *fn_args: Any) -> Any:
     result = fn(*fn_args)
     return await result if inspect.isawaitable(result) else result
@@ -113,6 +152,17 @@ def _checked(value: Any, reward_key: str | None, sample: Sample) -> RewardValue:
     if not math.isfinite(number):
         raise RewardError(f"reward function returned {number} for sample {sample.index}")
     return value
+
+
+def _keep_preset(args: argparse.Namespace, sample: Sample) -> bool:
+    """Whether ``sample`` already holds a reward (set by its generate function), checked and kept."""
+    if sample.reward is None:
+        return False
+    try:
+        sample.reward = _checked(sample.reward, args.reward_key, sample)
+    except Exception as e:
+        _fail([sample], e)
+    return True
 
 
 def _fail(samples: list[Sample], error: Exception) -> None:
@@ -156,10 +206,19 @@ async def score_groups(
     with ``--group-rm``): status FAILED, reward 0.0 so that batch shapes stay intact,
     ``metadata["reward_error"]`` says why, and one warning names the sample index. The rollout decides
     whether to drop FAILED samples. A configuration problem (no or unknown --rm-type, an unloadable
-    --custom-rm-path) raises ``RewardError`` before anything is scored.
+    --custom-rm-path) raises ``RewardError`` before anything is scored. Samples whose generate
+    function set a reward keep it and are left out of the calls (a group reward sees the rest).
     """
     choice = RewardChoice.from_args(args) if choice is None else choice
-    if choice.group_rm:
+    groups = [[s for s in group if not _keep_preset(args, s)] for group in groups]
+    path = choice.custom_rm_path
+    if path is not None and inspect.isclass(load_reward_function(path)):
+        size = args.rm_batch_size
+        batches = (
+            [group[i : i + size] for group in groups for i in range(0, len(group), size)] if size else groups
+        )
+        tasks = [_score_with_model(args, batch, path) for batch in batches if batch]
+    elif choice.group_rm:
         if choice.custom_rm_path is None:
             raise RewardError("--group-rm needs --custom-rm-path (a function scoring a whole group)")
         group_fn = load_reward_function(choice.custom_rm_path)

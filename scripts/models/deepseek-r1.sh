@@ -1,0 +1,59 @@
+# deepseek-ai/DeepSeek-R1 (Hugging Face Hub, model_type deepseek_v3, 671B total / 37B active): trained
+# from DeepSeek-V3-Base, its config.json is DeepSeek-V3's (deepseek-v3.sh; upstream THUDM/slime's
+# run-deepseek-r1.sh sources its deepseek-v3.sh too).
+# Values from that config.json: 61 layers, hidden 7168, 128 heads, MLA with q_lora_rank 1536,
+# kv_lora_rank 512, qk_nope_head_dim 128 + qk_rope_head_dim 64, v_head_dim 128, rms_norm_eps 1e-6, vocab
+# 129280, untied embeddings, no bias; rope_theta 10000 with YaRN (factor 40, original 4096, beta_fast 32,
+# beta_slow 1, mscale 1.0, mscale_all_dim 1.0), max_position_embeddings 163840. MoE: 3 dense layers (FFN
+# 18432), then 256 routed experts of 2048, 8 per token, 1 shared expert of 2048, sigmoid scores with a
+# correction bias (noaux_tc), n_group 8 / topk_group 4, norm_topk_prob true, routed_scaling_factor 2.5;
+# 1 MTP layer (not trained here). The published weights are FP8: convert them to BF16 first.
+# On GPUs add e.g. --transformer-impl transformer_engine --moe-grouped-gemm --moe-permute-fusion
+# --moe-token-dispatcher-type alltoall, --expert-model-parallel-size 32 or 64 and pipeline parallelism.
+MODEL_ARGS=(
+   --swiglu
+   --num-layers 61
+   --hidden-size 7168
+   --ffn-hidden-size 18432
+   --num-attention-heads 128
+   --kv-channels 128
+   --disable-bias-linear
+   --normalization RMSNorm
+   --norm-epsilon 1e-6
+   --untie-embeddings-and-output-weights
+   --vocab-size 129280
+   --max-position-embeddings 163840
+
+   # multi-latent attention
+   --multi-latent-attention
+   --q-lora-rank 1536
+   --kv-lora-rank 512
+   --qk-head-dim 128
+   --qk-pos-emb-head-dim 64
+   --v-head-dim 128
+   --qk-layernorm
+   --use-rotary-position-embeddings
+   --rotary-base 10000
+   --rope-type yarn
+   --rotary-scaling-factor 40
+   --original-max-position-embeddings 4096
+   --beta-fast 32
+   --beta-slow 1
+   --mscale 1.0
+   --mscale-all-dim 1.0
+
+   # moe
+   --num-experts 256
+   --moe-ffn-hidden-size 2048
+   --moe-shared-expert-intermediate-size 2048
+   --moe-router-topk 8
+   --moe-layer-freq "([0]*3+[1]*58)"
+   --moe-router-score-function sigmoid
+   --moe-router-enable-expert-bias
+   --moe-router-bias-update-rate 0
+   --moe-router-num-groups 8
+   --moe-router-group-topk 4
+   --moe-router-topk-scaling-factor 2.5
+   --moe-router-dtype fp32
+   --moe-aux-loss-coeff 0
+)

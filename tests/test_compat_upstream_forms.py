@@ -165,6 +165,19 @@ def test_data_buffer_serves_returned_groups_through_the_guides_buffer_filter(tin
     assert source.get_buffer_length() == 0
 
 
+def test_upstreams_four_argument_buffer_filter_is_called_with_rollout_id_none(tiny_models, prompts, capsys):
+    path = "tests.compat.upstream_filters.pop_first_with_rollout_id"
+    source = RolloutDataSourceWithBuffer(make(tiny_models, prompts, "--buffer-filter-path", path))
+    first = source.get_samples(3)
+    source.add_samples([first[2], first[0]])
+    assert source.get_samples(1) == [first[2]]  # the oldest returned group, as upstream's pop_first
+    assert source.get_buffer_length() == 1
+    with pytest.raises(SystemExit):  # a function of neither form (a dynamic filter) is one line before start
+        make(tiny_models, prompts, "--buffer-filter-path", "tests.compat.upstream_filters.nonzero_std_logged")
+    error = capsys.readouterr().err
+    assert error.startswith("error: --buffer-filter-path: ") and "upstream slime's form" in error, error
+
+
 def test_upstream_rollout_outputs_are_rollout_outputs(tiny_models, prompts):
     groups = [[Sample(index=0)]]
     train = RolloutFnTrainOutput(samples=groups, metrics={"rollout/x": 1.0})

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import functools
 import json
 import logging
 import os
@@ -213,9 +212,9 @@ class PromptDataSource:
             workers = None
         buffer_filter = pick_first
         if args.buffer_filter_path is not None:
-            from slime.utils.plugins import load_function
+            from slime.utils.plugins import bind_buffer_filter, load_function
 
-            buffer_filter = functools.partial(load_function(args.buffer_filter_path), args)
+            buffer_filter = bind_buffer_filter(load_function(args.buffer_filter_path), args)
         return cls(
             prompts,
             n_samples_per_prompt=args.n_samples_per_prompt,

@@ -103,7 +103,25 @@ REWARD_MODEL = "a class C(model_path) with method compute_reward(prompts, respon
 """The usage guide's reward-model form of ``--custom-rm-path``."""
 
 
-_OTHER_FORMS = {"--custom-generate-function-path": GROUP_GENERATE, "--custom-rm-path": REWARD_MODEL}
+UPSTREAM_BUFFER_FILTER = "fn(args, rollout_id, buffer, num_samples) (upstream slime's form)"
+_OTHER_FORMS = {
+    "--custom-generate-function-path": GROUP_GENERATE,
+    "--custom-rm-path": REWARD_MODEL,
+    "--buffer-filter-path": UPSTREAM_BUFFER_FILTER,
+}
+
+
+def bind_buffer_filter(fn: Callable[..., Any], args: Any) -> Callable[[list, int], list]:
+    """``--buffer-filter-path`` bound to ``args``: the usage guide's ``(args, buffer, num_samples)``, or
+    upstream slime's current ``(args, rollout_id, buffer, num_samples)``, which upstream's data source
+    calls with ``rollout_id`` None (``slime/rollout/data_source.py``), as here."""
+    if _takes_rollout_id(fn):
+        return functools.partial(fn, args, None)
+    return functools.partial(fn, args)
+
+
+def _takes_rollout_id(fn: Callable[..., Any]) -> bool:
+    return _accepts(fn, 4) and not _accepts(fn, 3)
 
 
 def _import_file(file_path: str) -> Any:
@@ -293,6 +311,8 @@ def check_plugin(flag: str, path: str) -> Callable[..., Any]:
         expected += f" or {_OTHER_FORMS[flag]}"
     if flag == "--custom-rm-path" and inspect.isclass(target):
         return _check_reward_model(path, target)
+    if flag == "--buffer-filter-path" and _takes_rollout_id(target):
+        return target
     if flag == "--custom-generate-function-path" and is_group_generate(target):
         if not inspect.iscoroutinefunction(target) or not _accepts(target, 2):
             raise PluginError(f"{path}{_shown(target)} takes samples but is not {GROUP_GENERATE}")

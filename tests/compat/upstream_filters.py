@@ -23,3 +23,14 @@ def pop_last(args, buffer: list[list[Sample]], num_samples: int) -> list[list[Sa
     samples = buffer[len(buffer) - num :]
     del buffer[len(buffer) - num :]
     return samples
+
+
+def pop_first_with_rollout_id(
+    args, rollout_id, buffer: list[list[Sample]], num_samples: int
+) -> list[list[Sample]]:
+    """Upstream slime's current buffer filter form (its ``pop_first``): ``rollout_id`` comes first."""
+    assert rollout_id is None  # upstream's data source passes None
+    num = min(len(buffer), num_samples)
+    samples = buffer[:num]
+    del buffer[:num]
+    return samples

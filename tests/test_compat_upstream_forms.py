@@ -111,6 +111,39 @@ def test_post_retries_failures_as_upstream_then_raises(monkeypatch):
     asyncio.run(scenario())
 
 
+def test_get_answers_json_once_and_raises_on_an_error_and_model_urls_name_the_router():
+    from slime.rollout.sglang_rollout import get_model_url
+
+    async def scenario() -> None:
+        calls: list[str] = []
+
+        async def info(request: web.Request) -> web.Response:
+            calls.append(request.path)
+            if request.path == "/missing":
+                return web.Response(status=404, text="no such route")
+            return web.json_response({"model_path": "/m"})
+
+        app = web.Application()
+        app.router.add_get("/{name}", info)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        base = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        try:
+            assert await http_utils.get(f"{base}/model_info") == {"model_path": "/m"}
+            with pytest.raises(HttpError, match="404"):
+                await http_utils.get(f"{base}/missing")
+            assert calls == ["/model_info", "/missing"]  # no retry, as upstream's get
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(scenario())
+    args = argparse.Namespace(sglang_router_ip="127.0.0.1", sglang_router_port=3000)
+    assert get_model_url(args, "ref") == "http://127.0.0.1:3000/generate"
+    assert get_model_url(args, "actor", "/v1/loads") == "http://127.0.0.1:3000/v1/loads"
+
+
 # ---- slime.rollout.sglang_rollout.GenerateState -------------------------------------------------
 
 

@@ -2,8 +2,9 @@
 
 Custom generate functions written for THUDM/slime start with ``state = GenerateState(args)`` and read
 ``state.tokenizer``, ``state.processor``, ``state.semaphore`` and ``state.sampling_params``; the
-multi-turn ones call upstream's single-turn ``generate(args, sample, sampling_params)``. Both are
-re-exported by ``slime.rollout.sglang_rollout``, upstream's module for them. The state is built from
+multi-turn ones call upstream's single-turn ``generate(args, sample, sampling_params)`` and build
+their URL with ``get_model_url``. All three are re-exported by ``slime.rollout.sglang_rollout``,
+upstream's module for them. The state is built from
 ours: the tokenizer is the rollout's cached one, the sampling parameters are the ones our default
 rollout sends, and ``generate`` is one model turn of ``generate_utils`` (same abort, context-length
 and log-prob handling as our own rollout). Differences from upstream: docs/upstream-compat.md.
@@ -21,6 +22,7 @@ from slime.rollout.generate_utils import (
     cached_tokenizer,
     generate_turn,
     remaining_tokens,
+    router_url,
     start_sample,
 )
 from slime.rollout.sample import Sample
@@ -83,3 +85,10 @@ async def generate(args: argparse.Namespace, sample: Sample, sampling_params: di
     params = {**sampling_params, "max_new_tokens": remaining_tokens(sample, sampling_params)}
     append_model_turn(sample, await generate_turn(args, sample.tokens, params, sample.index))
     return sample
+
+
+def get_model_url(args: argparse.Namespace, model_name: str, endpoint: str = "/generate") -> str:
+    """Upstream's URL of a named model's router. slime serves one policy behind one router (no
+    ``--sglang-config`` with several models), so every name maps to it, as upstream falls back to the
+    default router for a name it does not know."""
+    return f"{router_url(args)}{endpoint}"

@@ -55,7 +55,7 @@ from slime.rollout.data_source import DataSource
 from slime.rollout.errors import RolloutError
 from slime.rollout.evaluation import EvalSet, eval_metrics
 from slime.rollout.filters import FilterResult, as_filter_result
-from slime.rollout.generate_state import GenerateState, generate  # noqa: F401 upstream's import path
+from slime.rollout.generate_state import GenerateState, generate, get_model_url  # noqa: F401 upstream's path
 from slime.rollout.generate_utils import (
     RolloutContext,
     append_model_turn,

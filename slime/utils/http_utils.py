@@ -1,6 +1,7 @@
 """Upstream slime's ``post`` (``slime.utils.http_utils``) over our HTTP client.
 
-Plugins written for THUDM/slime call ``await post(url, payload)`` to reach the router. Upstream retries
+Plugins written for THUDM/slime call ``await post(url, payload)`` (and ``await get(url)``) to reach
+the router. Upstream retries
 every failure up to ``max_retries`` times (default 60), one second apart, then raises the last error;
 this does the same on the session of ``slime.utils.http.client_session`` (keep-alive connections,
 the run's engine key), so a plugin's requests share the rollout's connections.
@@ -52,3 +53,18 @@ async def post(
         if not shared:
             await session.close()
     raise ValueError(f"max_retries must be >= 1, got {max_retries}")
+
+
+async def get(url: str) -> Any:
+    """GETs ``url`` once and returns the decoded JSON answer; a non-2xx answer raises ``HttpError``
+    (upstream's ``get`` does not retry)."""
+    session, shared = client_session(SESSION_LIMIT)
+    try:
+        async with session.get(url) as response:
+            body = await response.text()
+            if response.status >= 300:
+                raise HttpError("GET", url, response.status, body)
+        return json.loads(body)
+    finally:
+        if not shared:
+            await session.close()

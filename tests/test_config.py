@@ -349,7 +349,6 @@ def test_command_line_errors_without_traceback_and_without_heavy_imports(tmp_pat
     [
         ("--hf-checkpoint", "--hf-checkpoint"),
         ("--rollout-batch-size", "--rollout-batch-size"),
-        ("--lr", "--lr"),
         ("--num-rollout", "--num-rollout"),
         ("--colocate", "--rollout-num-gpus"),
     ],
@@ -361,10 +360,12 @@ def test_required_flags(hf: str, capsys: pytest.CaptureFixture[str], drop: str, 
     expect_error(capsys, argv, flag)
 
 
-def test_lr_not_required_for_rollout_only(hf: str) -> None:
-    argv = base(hf, "--debug-rollout-only")
+def test_lr_defaults_to_upstream_slimes_1e_6(hf: str) -> None:
+    """Upstream slime resets Megatron's ``--lr`` to 1e-6 (``slime/utils/arguments.py``), so its users'
+    commands that leave it out train at that rate here too."""
+    argv = base(hf)
     del argv[argv.index("--lr") : argv.index("--lr") + 2]
-    assert parse_args(argv).lr is None
+    assert parse_args(argv).lr == 1e-6
 
 
 @pytest.mark.parametrize(

@@ -283,13 +283,13 @@ def test_workflow_1_runs_with_one_warning_and_evaluation_off(
     assert (args.input_key, args.label_key, args.apply_chat_template) == ("prompt", "label", True)
 
 
-def test_workflow_1_without_checkpoint_or_optimizer_arrays_names_the_missing_flags(
+def test_workflow_1_without_its_checkpoint_array_names_the_missing_flag(
     argv: Argv, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The guide's command alone has no ``--lr`` and saves every 100 rollouts with nowhere to save:
-    each is one line naming the flag to add (the guide's Quick Start keeps them in ``CKPT_ARGS``)."""
-    assert refusal(capsys, argv(WORKFLOW_1, model=False)).startswith("error: --lr: ")
-    words = [*argv(WORKFLOW_1, model=False), "--lr", "1e-6"]
+    """The guide's command alone saves every 100 rollouts with nowhere to save: one line naming the
+    flag to add (the guide's Quick Start keeps it in ``CKPT_ARGS``). ``--lr`` may be left out: it
+    defaults to upstream's 1e-6."""
+    words = argv(WORKFLOW_1, model=False)
     assert refusal(capsys, words) == "error: --save-interval: given without --save; add --save DIR"
 
 

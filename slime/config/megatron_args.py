@@ -430,7 +430,10 @@ def _add_training(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--optimizer", choices=["adam", "sgd"], default="adam", help="Optimizer.")
     g.add_argument(
-        "--lr", type=float, default=None, help="Peak learning rate (required unless --debug-rollout-only)."
+        "--lr",
+        type=float,
+        default=1e-6,
+        help="Peak learning rate (default 1e-6, upstream slime's RL default).",
     )
     g.add_argument("--weight-decay", type=float, default=0.01, help="Weight decay coefficient.")
     g.add_argument(

@@ -119,8 +119,6 @@ def _check_required(args: argparse.Namespace) -> None:
         )
     if args.rollout_batch_size is None:
         raise ConfigError("--rollout-batch-size", "required; pass the number of prompts per rollout, e.g. 32")
-    if args.lr is None and not args.debug_rollout_only:
-        raise ConfigError("--lr", "required to train; pass e.g. --lr 1e-6 (or add --debug-rollout-only)")
     if args.num_rollout is None and args.num_epoch is None:
         raise ConfigError("--num-rollout", "required; pass --num-rollout N (or --num-epoch N)")
 

@@ -119,6 +119,47 @@ def test_metadata_rm_type_overrides_the_flag_and_errors_are_clear():
         run(score_groups(rm_args(), [[Sample()]]))
 
 
+@pytest.mark.parametrize(
+    ("rm_type", "response", "label", "reward"),
+    [
+        # DeepScaleR: only the boxed answer after the reasoning counts (upstream rm_hub/deepscaler.py).
+        ("deepscaler", r"I think \boxed{3}</think>So \boxed{4}", "4", 1.0),
+        ("deepscaler", r"I think \boxed{4}</think>So \boxed{3}", "4", 0.0),
+        ("deepscaler", r"no reasoning marker \boxed{4}", "4", 0.0),
+        ("deepscaler", r"###Response the answer is \boxed{\frac{1}{2}}", r"\boxed{0.5}", 1.0),
+        ("deepscaler", r"</think>\boxed{4}", "", 0.0),
+        # boxed_<type>: the type scores the last boxed answer only.
+        ("boxed_exact", r"Working... \boxed{Paris}", "Paris", 1.0),
+        ("boxed_exact", "Paris", "Paris", 0.0),  # no boxed answer: nothing to score
+    ],
+)
+def test_upstream_rule_rewards_score_as_upstream_on_hand_made_cases(rm_type, response, label, reward):
+    assert run(compute_reward(rm_args(rm_type=rm_type), Sample(response=response, label=label))) == reward
+
+
+def test_dapo_reads_the_last_answer_line_as_an_integer_and_scores_plus_or_minus_one():
+    """DAPO (upstream rm_hub/math_dapo_utils.py): the last ``Answer:`` of the last 300 characters,
+    against the label as an integer; +1 / -1 with ``acc`` and ``pred``; trained with --reward-key score."""
+    args = rm_args(rm_type="dapo")
+    right = Sample(response="Step 1... Answer: 3\nso.\nAnswer: 42", label="42.0")
+    assert run(compute_reward(args, right)) == {"score": 1.0, "acc": True, "pred": "42"}
+    early = Sample(response="Answer: 42" + "x" * 300, label="42")  # outside the last 300 characters
+    assert run(compute_reward(args, early)) == {"score": -1.0, "acc": False, "pred": "[INVALID]"}
+    right.reward = run(compute_reward(args, right))
+    assert right.reward_value("score") == 1.0  # what --reward-key score trains on
+
+
+def test_an_unknown_rm_type_is_one_line_before_start(tiny_run_flags, capsys):
+    from slime.config import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(tiny_run_flags("--rm-type", "boxed_maths", rollout_num_gpus=1))
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("error: --rm-type: unknown 'boxed_maths'; choose one of math, exact, f1, remote")
+    assert "deepscaler, dapo" in error and "\n" not in error
+    assert parse_args(tiny_run_flags("--rm-type", "boxed_math", rollout_num_gpus=1)).rm_type == "boxed_math"
+
+
 @pytest.fixture
 def plugin(tmp_path, monkeypatch):
     """A user module on sys.path with sync, async, dict, group and failing reward functions."""

@@ -294,7 +294,11 @@ def add_data_loading_arguments(parser: argparse.ArgumentParser) -> None:
 def add_reward_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("slime: reward")
     g.add_argument(
-        "--rm-type", type=str, default=None, help="Built-in reward function, e.g. math, exact or remote."
+        "--rm-type",
+        type=str,
+        default=None,
+        help="Built-in reward function: math, exact, f1, remote, or upstream slime's deepscaler, dapo "
+        "(train with --reward-key score), random, remote_rm; boxed_<type> scores the last \\boxed{} only.",
     )
     g.add_argument(
         "--custom-rm-path",

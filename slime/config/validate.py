@@ -725,8 +725,17 @@ def _check_algorithm(args: argparse.Namespace) -> None:
         raise ConfigError("--eps-clip-c", f"must be > 1 (dual-clip bound), got {args.eps_clip_c}; e.g. 3.0")
     if args.loss_type == "custom_loss" and args.custom_loss_function_path is None:
         raise ConfigError("--loss-type", "custom_loss needs --custom-loss-function-path module.function")
-    if args.rm_type == "remote" and args.rm_url is None:
-        raise ConfigError("--rm-url", "required with --rm-type remote; pass the reward model's URL")
+    if args.rm_type is not None:
+        from slime.rollout.rewards.scoring import BOXED_PREFIX, BUILTIN_REWARDS
+
+        if args.rm_type.removeprefix(BOXED_PREFIX) not in BUILTIN_REWARDS:
+            raise ConfigError(
+                "--rm-type",
+                f"unknown {args.rm_type!r}; choose one of {', '.join(BUILTIN_REWARDS)} "
+                f"(or {BOXED_PREFIX}<type>), or pass --custom-rm-path",
+            )
+    if args.rm_type in ("remote", "remote_rm") and args.rm_url is None:
+        raise ConfigError("--rm-url", f"required with --rm-type {args.rm_type}; pass the reward model's URL")
     if args.group_rm and args.custom_rm_path is None:
         raise ConfigError("--group-rm", "needs --custom-rm-path (a function scoring a whole group)")
     if args.tis_clip_low >= args.tis_clip:  # also the bounds of the logged mismatch clip fraction

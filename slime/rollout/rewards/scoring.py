@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import functools
 import inspect
 import logging
@@ -38,6 +39,7 @@ from slime.rollout.rewards.errors import RewardError
 from slime.rollout.rewards.math_answer import math_score
 from slime.rollout.rewards.remote import remote_reward
 from slime.rollout.rewards.text import exact_score, f1_score
+from slime.rollout.rewards.upstream_rules import boxed_response, dapo_score, deepscaler_score, random_score
 from slime.rollout.sample import Sample
 from slime.utils.plugins import PluginError, load_function
 
@@ -55,13 +57,25 @@ def _label(sample: Sample) -> str:
     return str(sample.label)
 
 
-# The built-in reward functions by --rm-type name: adding one is adding one line.
+def _on_text(score: Callable[[str, str], RewardValue]) -> RewardFn:
+    """A reward of the response and the label as a ``(args, sample)`` reward function."""
+    return lambda args, sample: score(sample.response, _label(sample))
+
+
+# The built-in reward functions by --rm-type name: adding one is adding one line. ``deepscaler``,
+# ``dapo``, ``random`` and ``remote_rm`` are upstream slime's names (``upstream_rules``).
 BUILTIN_REWARDS: dict[str, RewardFn] = {
-    "math": lambda args, sample: math_score(sample.response, _label(sample)),
-    "exact": lambda args, sample: exact_score(sample.response, _label(sample)),
-    "f1": lambda args, sample: f1_score(sample.response, _label(sample)),
+    "math": _on_text(math_score),
+    "exact": _on_text(exact_score),
+    "f1": _on_text(f1_score),
     "remote": remote_reward,
+    "remote_rm": remote_reward,
+    "deepscaler": _on_text(deepscaler_score),
+    "dapo": _on_text(dapo_score),
+    "random": _on_text(random_score),
 }
+BOXED_PREFIX = "boxed_"
+"""``--rm-type boxed_<type>`` (upstream's): ``<type>`` scores the response's last ``\\boxed{}`` only."""
 
 
 def load_reward_function(path: str) -> Callable[..., Any]:
@@ -95,9 +109,25 @@ def resolve_reward_fn(choice: RewardChoice, sample: Sample) -> RewardFn:
         raise RewardError(
             f"no reward function; pass --rm-type ({', '.join(BUILTIN_REWARDS)}) or --custom-rm-path"
         )
-    if rm_type not in BUILTIN_REWARDS:
-        raise RewardError(f"unknown --rm-type {rm_type!r}; choose one of {', '.join(BUILTIN_REWARDS)}")
-    return BUILTIN_REWARDS[rm_type]
+    base = rm_type.removeprefix(BOXED_PREFIX)
+    if base not in BUILTIN_REWARDS:
+        raise RewardError(
+            f"unknown --rm-type {rm_type!r}; choose one of {', '.join(BUILTIN_REWARDS)} "
+            f"(or {BOXED_PREFIX}<one of them>)"
+        )
+    if base == rm_type:
+        return BUILTIN_REWARDS[rm_type]
+    return functools.partial(_score_boxed, BUILTIN_REWARDS[base])
+
+
+def _score_boxed(
+    score: RewardFn, args: argparse.Namespace, sample: Sample
+) -> Awaitable[RewardValue] | RewardValue:
+    """``score`` of a copy of ``sample`` whose response is its last boxed answer (the sample keeps its
+    response for training)."""
+    boxed = copy.copy(sample)
+    boxed.response = boxed_response(sample.response)
+    return score(args, boxed)
 
 
 @functools.cache

@@ -295,7 +295,7 @@ def test_the_reward_model_class_is_built_once_and_called_per_group(tmp_path, mod
 @pytest.mark.parametrize(
     ("name", "text"),
     [
-        ("WrongCount", "WrongCount.compute_reward returned 1 rewards for 2 responses"),
+        ("WrongCount", "WrongCount.compute_reward returned 1 rewards for a group of 2"),
         ("NotANumber", "NotANumber.compute_reward returned 'good'; expected a number per response"),
     ],
 )

@@ -10,50 +10,5 @@
 # 1 MTP layer (not trained here). The published weights are FP8: convert them to BF16 first.
 # On GPUs add e.g. --transformer-impl transformer_engine --moe-grouped-gemm --moe-permute-fusion
 # --moe-token-dispatcher-type alltoall, --expert-model-parallel-size 32 or 64 and pipeline parallelism.
-MODEL_ARGS=(
-   --swiglu
-   --num-layers 61
-   --hidden-size 7168
-   --ffn-hidden-size 18432
-   --num-attention-heads 128
-   --kv-channels 128
-   --disable-bias-linear
-   --normalization RMSNorm
-   --norm-epsilon 1e-6
-   --untie-embeddings-and-output-weights
-   --vocab-size 129280
-   --max-position-embeddings 163840
 
-   # multi-latent attention
-   --multi-latent-attention
-   --q-lora-rank 1536
-   --kv-lora-rank 512
-   --qk-head-dim 128
-   --qk-pos-emb-head-dim 64
-   --v-head-dim 128
-   --qk-layernorm
-   --use-rotary-position-embeddings
-   --rotary-base 10000
-   --rope-type yarn
-   --rotary-scaling-factor 40
-   --original-max-position-embeddings 4096
-   --beta-fast 32
-   --beta-slow 1
-   --mscale 1.0
-   --mscale-all-dim 1.0
-
-   # moe
-   --num-experts 256
-   --moe-ffn-hidden-size 2048
-   --moe-shared-expert-intermediate-size 2048
-   --moe-router-topk 8
-   --moe-layer-freq "([0]*3+[1]*58)"
-   --moe-router-score-function sigmoid
-   --moe-router-enable-expert-bias
-   --moe-router-bias-update-rate 0
-   --moe-router-num-groups 8
-   --moe-router-group-topk 4
-   --moe-router-topk-scaling-factor 2.5
-   --moe-router-dtype fp32
-   --moe-aux-loss-coeff 0
-)
+source "$(dirname "${BASH_SOURCE[0]}")/deepseek-v3.sh"

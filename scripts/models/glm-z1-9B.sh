@@ -5,26 +5,5 @@
 # 1e-5, vocab 151552, untied embeddings, q/k/v bias, max_position_embeddings 32768, sandwich norms
 # (post_self_attn_layernorm, post_mlp_layernorm).
 # On GPUs add e.g. --transformer-impl transformer_engine and --tensor-model-parallel-size 2.
-MODEL_ARGS=(
-   --swiglu
-   --num-layers 40
-   --hidden-size 4096
-   --ffn-hidden-size 13696
-   --num-attention-heads 32
-   --group-query-attention
-   --num-query-groups 2
-   --kv-channels 128
-   --use-rotary-position-embeddings
-   --rotary-base 10000
-   --rotary-percent 0.5
-   --rotary-interleaved
-   --disable-bias-linear
-   --add-qkv-bias
-   --normalization RMSNorm
-   --norm-epsilon 1e-5
-   --post-self-attn-layernorm
-   --post-mlp-layernorm
-   --untie-embeddings-and-output-weights
-   --vocab-size 151552
-   --max-position-embeddings 32768
-)
+
+source "$(dirname "${BASH_SOURCE[0]}")/glm4-9B.sh"

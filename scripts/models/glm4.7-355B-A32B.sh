@@ -9,39 +9,6 @@
 # experts of 1536, scaling 2.5, 3 dense layers, use_qk_norm, 202752 positions).
 # On GPUs add e.g. --transformer-impl transformer_engine --moe-grouped-gemm --moe-permute-fusion
 # --moe-token-dispatcher-type alltoall, --expert-model-parallel-size 8 or 16 and pipeline parallelism.
-MODEL_ARGS=(
-   --swiglu
-   --num-layers 92
-   --hidden-size 5120
-   --ffn-hidden-size 12288
-   --num-attention-heads 96
-   --group-query-attention
-   --num-query-groups 8
-   --kv-channels 128
-   --use-rotary-position-embeddings
-   --rotary-base 1000000
-   --rotary-percent 0.5
-   --disable-bias-linear
-   --add-qkv-bias
-   --qk-layernorm
-   --normalization RMSNorm
-   --norm-epsilon 1e-5
-   --untie-embeddings-and-output-weights
-   --vocab-size 151552
-   --max-position-embeddings 202752
 
-   # moe
-   --num-experts 160
-   --moe-ffn-hidden-size 1536
-   --moe-shared-expert-intermediate-size 1536
-   --moe-router-topk 8
-   --moe-layer-freq "([0]*3+[1]*89)"
-   --moe-router-score-function sigmoid
-   --moe-router-enable-expert-bias
-   --moe-router-bias-update-rate 0
-   --moe-router-num-groups 1
-   --moe-router-group-topk 1
-   --moe-router-topk-scaling-factor 2.5
-   --moe-router-dtype fp32
-   --moe-aux-loss-coeff 0
-)
+source "$(dirname "${BASH_SOURCE[0]}")/glm4.5-355B-A32B.sh"
+MODEL_ARGS+=(--max-position-embeddings 202752)  # GLM-4.5's shape, a longer context

@@ -147,18 +147,12 @@ async def _score_with_model(args: argparse.Namespace, group: list[Sample], path:
             rewards = await model.compute_reward(prompts, responses)
         else:
             rewards = await asyncio.to_thread(model.compute_reward, prompts, responses)
-        if not isinstance(rewards, (list, tuple)) or len(rewards) != len(group):
-            got = f"{len(rewards)} rewards" if isinstance(rewards, (list, tuple)) else type(rewards).__name__
-            raise RewardError(f"{name}.compute_reward returned {got} for {len(group)} responses")
-        bad = [r for r in rewards if isinstance(r, bool) or not isinstance(r, (int, float))]
+        bad = [r for r in _one_per_sample(rewards, group, f"{name}.compute_reward") if not _is_number(r)]
         if bad:
             raise RewardError(f"{name}.compute_reward returned {bad[0]!r}; expected a number per response")
-        checked = [_checked(r, args.reward_key, s) for r, s in zip(rewards, group, strict=True)]
+        _assign(args, group, rewards)
     except Exception as e:
         _fail(group, e)
-        return
-    for sample, reward in zip(group, checked, strict=True):
-        sample.reward = reward
 
 
 async def _call(fn: Callable[..., Any], *fn_args: Any) -> Any:
@@ -214,14 +208,26 @@ async def _score_sample(args: argparse.Namespace, sample: Sample, fn: RewardFn) 
 
 async def _score_group(args: argparse.Namespace, group: list[Sample], fn: GroupRewardFn) -> None:
     try:
-        rewards = await _call(fn, args, group)
-        if not isinstance(rewards, (list, tuple)) or len(rewards) != len(group):
-            got = f"{len(rewards)} rewards" if isinstance(rewards, (list, tuple)) else type(rewards).__name__
-            raise RewardError(f"group reward function returned {got} for a group of {len(group)}")
-        checked = [_checked(r, args.reward_key, s) for r, s in zip(rewards, group, strict=True)]
+        _assign(args, group, _one_per_sample(await _call(fn, args, group), group, "group reward function"))
     except Exception as e:
         _fail(group, e)
-        return
+
+
+def _one_per_sample(rewards: Any, group: list[Sample], source: str) -> list[RewardValue]:
+    """``rewards`` when it is a list with one entry per sample of ``group``; else ``RewardError``."""
+    if not isinstance(rewards, (list, tuple)) or len(rewards) != len(group):
+        got = f"{len(rewards)} rewards" if isinstance(rewards, (list, tuple)) else type(rewards).__name__
+        raise RewardError(f"{source} returned {got} for a group of {len(group)}")
+    return list(rewards)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _assign(args: argparse.Namespace, group: list[Sample], rewards: list[RewardValue]) -> None:
+    """Sets each sample's reward once every one of them checked out: a group is scored whole or not."""
+    checked = [_checked(r, args.reward_key, s) for r, s in zip(rewards, group, strict=True)]
     for sample, reward in zip(group, checked, strict=True):
         sample.reward = reward
 

@@ -84,6 +84,14 @@ def tiny_run_flags(tiny_models, reverse_task) -> Callable[..., list[str]]:
     return flags
 
 
+@pytest.fixture
+def prompts(tmp_path: Path) -> Path:
+    """Six prompts ``q0`` .. ``q5``, label ``34``, as JSONL: for the plugin tests that build a data source."""
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"input": f"q{i}", "label": "34"}) + "\n" for i in range(6)))
+    return path
+
+
 @pytest.fixture(autouse=True)
 def no_engine_key_between_tests(monkeypatch):
     """The run's engine key lives in this process's environment once a run sets it up

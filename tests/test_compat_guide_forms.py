@@ -55,13 +55,6 @@ def model_dir(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.fixture
-def prompts(tmp_path: Path) -> Path:
-    path = tmp_path / "prompts.jsonl"
-    path.write_text("".join(json.dumps({"input": f"q{i}", "label": "34"}) + "\n" for i in range(6)))
-    return path
-
-
 def plugin_file(tmp_path: Path, name: str, source: str) -> Path:
     path = tmp_path / name
     path.write_text(source)

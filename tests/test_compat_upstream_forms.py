@@ -28,13 +28,6 @@ from slime.utils.http import HttpError
 from slime.utils.types import Sample
 
 
-@pytest.fixture
-def prompts(tmp_path: Path) -> Path:
-    path = tmp_path / "prompts.jsonl"
-    path.write_text("".join(json.dumps({"input": f"q{i}", "label": "34"}) + "\n" for i in range(6)))
-    return path
-
-
 def make(tiny_models, prompts: Path, *extra: str) -> argparse.Namespace:
     return parse_args(
         [

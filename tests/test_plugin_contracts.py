@@ -82,13 +82,6 @@ class WrongLoad(NoSave):
     def load(self, directory): ...
 
 
-@pytest.fixture
-def prompts(tmp_path: Path) -> Path:
-    path = tmp_path / "prompts.jsonl"
-    path.write_text("".join(json.dumps({"input": f"q{i}", "label": "34"}) + "\n" for i in range(6)))
-    return path
-
-
 def make(tiny_models, prompts: Path, *extra: str) -> argparse.Namespace:
     args = parse_args(
         [

@@ -92,6 +92,22 @@ def prompts(tmp_path: Path) -> Path:
     return path
 
 
+def rollout_only_args(tiny_models: dict[str, Path], prompts: Path, *extra: str):
+    """The parsed flags of a one-rollout ``--debug-rollout-only`` run of the tiny qwen2 on ``prompts``
+    (2 prompts x 2 samples, exact-match reward): what the plugin tests build their objects from."""
+    from slime.config import parse_args
+
+    return parse_args(
+        [
+            "--hf-checkpoint", str(tiny_models["qwen2"]),
+            "--prompt-data", str(prompts), "--label-key", "label", "--rm-type", "exact",
+            "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
+            "--rollout-num-gpus", "1", "--num-rollout", "1", "--debug-rollout-only",
+            "--rollout-max-response-len", "5", *extra,
+        ]
+    )  # fmt: skip
+
+
 @pytest.fixture(autouse=True)
 def no_engine_key_between_tests(monkeypatch):
     """The run's engine key lives in this process's environment once a run sets it up

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
+from conftest import rollout_only_args
 from test_train_loop import run_train
 
-from slime.config import parse_args
 from slime.ray.rollout_manager import RolloutFunction
 from slime.rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
 from slime.rollout.data_source import RolloutDataSource, RolloutDataSourceWithBuffer
@@ -26,18 +26,6 @@ from slime.rollout.sglang_rollout import sampling_params
 from slime.utils import http_utils
 from slime.utils.http import HttpError
 from slime.utils.types import Sample
-
-
-def make(tiny_models, prompts: Path, *extra: str) -> argparse.Namespace:
-    return parse_args(
-        [
-            "--hf-checkpoint", str(tiny_models["qwen2"]),
-            "--prompt-data", str(prompts), "--label-key", "label", "--rm-type", "exact",
-            "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
-            "--rollout-num-gpus", "1", "--num-rollout", "1", "--debug-rollout-only",
-            "--rollout-max-response-len", "5", *extra,
-        ]
-    )  # fmt: skip
 
 
 @pytest.fixture
@@ -143,9 +131,9 @@ def test_get_answers_json_once_and_raises_on_an_error_and_model_urls_name_the_ro
 def test_generate_state_is_one_per_process_with_upstream_attributes(tiny_models, prompts, fresh_state):
     from slime.rollout.sglang_rollout import GenerateState as upstream_path
 
-    args = make(tiny_models, prompts, "--sglang-server-concurrency", "3")
+    args = rollout_only_args(tiny_models, prompts, "--sglang-server-concurrency", "3")
     state = upstream_path(args)
-    assert upstream_path is GenerateState and GenerateState(make(tiny_models, prompts)) is state
+    assert upstream_path is GenerateState and GenerateState(rollout_only_args(tiny_models, prompts)) is state
     assert state.tokenizer("abc", add_special_tokens=False)["input_ids"]
     assert state.processor is None  # a text-only checkpoint, as upstream answers it
     assert state.semaphore._value == 3  # --sglang-server-concurrency x 1 engine
@@ -156,11 +144,13 @@ def test_generate_state_is_one_per_process_with_upstream_attributes(tiny_models,
 
 
 def test_rm_hub_scores_by_the_reward_flags_and_batches_a_custom_function(tiny_models, prompts):
-    args = make(tiny_models, prompts)
+    args = rollout_only_args(tiny_models, prompts)
     right, wrong = Sample(index=0, response="34", label="34"), Sample(index=1, response="3", label="34")
     assert asyncio.run(async_rm(args, right)) == 1.0
     assert asyncio.run(batched_async_rm(args, [right, wrong])) == [1.0, 0.0]
-    batched = make(tiny_models, prompts, "--custom-rm-path", "tests.compat.upstream_reward.batched_reward")
+    batched = rollout_only_args(
+        tiny_models, prompts, "--custom-rm-path", "tests.compat.upstream_reward.batched_reward"
+    )
     assert asyncio.run(batched_async_rm(batched, [right, wrong])) == [0.0, 1.0]  # one call, whole list
 
 
@@ -176,7 +166,9 @@ def test_check_reward_nonzero_std_keeps_varied_groups_with_upstream_reason():
 
 
 def test_data_buffer_serves_returned_groups_through_the_guides_buffer_filter(tiny_models, prompts):
-    args = make(tiny_models, prompts, "--buffer-filter-path", "tests.compat.upstream_filters.pop_last")
+    args = rollout_only_args(
+        tiny_models, prompts, "--buffer-filter-path", "tests.compat.upstream_filters.pop_last"
+    )
     with pytest.raises(RuntimeError, match="read-only"):
         RolloutDataSource(args).add_samples([])  # upstream's source without a buffer takes nothing back
     source = RolloutDataSourceWithBuffer(args)
@@ -193,13 +185,17 @@ def test_data_buffer_serves_returned_groups_through_the_guides_buffer_filter(tin
 
 def test_upstreams_four_argument_buffer_filter_is_called_with_rollout_id_none(tiny_models, prompts, capsys):
     path = "tests.compat.upstream_filters.pop_first_with_rollout_id"
-    source = RolloutDataSourceWithBuffer(make(tiny_models, prompts, "--buffer-filter-path", path))
+    source = RolloutDataSourceWithBuffer(
+        rollout_only_args(tiny_models, prompts, "--buffer-filter-path", path)
+    )
     first = source.get_samples(3)
     source.add_samples([first[2], first[0]])
     assert source.get_samples(1) == [first[2]]  # the oldest returned group, as upstream's pop_first
     assert source.get_buffer_length() == 1
     with pytest.raises(SystemExit):  # a function of neither form (a dynamic filter) is one line before start
-        make(tiny_models, prompts, "--buffer-filter-path", "tests.compat.upstream_filters.nonzero_std_logged")
+        rollout_only_args(
+            tiny_models, prompts, "--buffer-filter-path", "tests.compat.upstream_filters.nonzero_std_logged"
+        )
     error = capsys.readouterr().err
     assert error.startswith("error: --buffer-filter-path: ") and "upstream slime's form" in error, error
 
@@ -210,7 +206,7 @@ def test_upstream_rollout_outputs_are_rollout_outputs(tiny_models, prompts):
     assert isinstance(train, RolloutOutput) and train.samples is groups and train.groups is groups
     evaluated = RolloutFnEvalOutput(data={"aime": {"rewards": [1.0, 0.0], "truncated": [False, True]}})
     assert evaluated.metrics == {"eval/aime": 0.5} and evaluated.groups == []
-    args = make(
+    args = rollout_only_args(
         tiny_models, prompts, "--rollout-function-path", "tests.compat.upstream_rollout.generate_rollout"
     )
     output, _ = RolloutFunction(args.rollout_function_path)(args, 0, None, evaluation=True)

@@ -13,9 +13,9 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import rollout_only_args
 
 from examples.multi_turn_tool.calculator import calculator, tool_reply
-from slime.config import parse_args
 from slime.ray.rollout_manager import RolloutFunction
 from slime.rollout.data_source import PromptDataSource, make_data_source
 from slime.rollout.filters import FilterResult, keep_varied_rewards
@@ -83,15 +83,7 @@ class WrongLoad(NoSave):
 
 
 def make(tiny_models, prompts: Path, *extra: str) -> argparse.Namespace:
-    args = parse_args(
-        [
-            "--hf-checkpoint", str(tiny_models["qwen2"]),
-            "--prompt-data", str(prompts), "--label-key", "label", "--rm-type", "exact",
-            "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
-            "--rollout-num-gpus", "1", "--num-rollout", "1", "--debug-rollout-only",
-            "--rollout-max-response-len", "5", *extra,
-        ]
-    )  # fmt: skip
+    args = rollout_only_args(tiny_models, prompts, *extra)
     args.sglang_router_ip, args.sglang_router_port = "127.0.0.1", 9  # never contacted here
     return args
 

@@ -169,12 +169,7 @@ def resolve_path(flag: str, path: str) -> str:
     names = DEFAULT_NAMES.get(flag, ())
     if not names:
         raise PluginError(f"{path!r} names a file but no function in it; write {path}:function_name")
-    try:
-        module = _import_file(path)
-    except PluginError:
-        raise
-    except Exception as e:  # the file's own code raised while loading
-        raise PluginError(f"cannot load {path!r} ({_one_line(e)}); fix the file") from e
+    module = _load_file(path)
     for name in names:
         if hasattr(module, name):
             return f"{os.path.abspath(path)}:{name}"
@@ -182,6 +177,16 @@ def resolve_path(flag: str, path: str) -> str:
         f"{path} defines none of {', '.join(names)} (the names a bare file is looked up by); "
         f"define one or write {path}:function_name"
     )
+
+
+def _load_file(file_path: str) -> Any:
+    """``_import_file``, with an error of the file's own code while loading as one ``PluginError`` line."""
+    try:
+        return _import_file(file_path)
+    except PluginError:
+        raise
+    except Exception as e:
+        raise PluginError(f"cannot load {file_path!r} ({_one_line(e)}); fix the file") from e
 
 
 def _one_line(error: BaseException) -> str:
@@ -201,12 +206,7 @@ def load_function(path: str) -> Callable[..., Any]:
     split = _split_file_path(path)
     if split is not None:
         location, attr = split
-        try:
-            module = _import_file(location)
-        except PluginError:
-            raise
-        except Exception as e:  # the file's own code raised while loading
-            raise PluginError(f"cannot load {location!r} ({_one_line(e)}); fix the file") from e
+        module = _load_file(location)
     else:
         module_name, _, attr = path.rpartition(".")
         if not module_name or not attr:

@@ -353,6 +353,31 @@ def test_health_generate_is_a_get_answering_200_or_503_with_no_body(release: str
 
 
 @pytest.mark.parametrize("release", RELEASES)
+def test_an_api_key_guards_every_endpoint_slime_calls_but_the_open_ones(release: str) -> None:
+    """What the run's engine key relies on (``slime.ray.cluster.run_api_key``) and the torch engine's
+    check mirrors (``server.OPEN_PATH_PREFIXES``): with only ``--api-key`` set, every endpoint needs
+    ``Authorization: Bearer <key>`` (compared in constant time) or gets 401 ``{"error":
+    "Unauthorized"}``; ``/health*`` and ``/metrics`` (and ``/ready`` from 0.5.23) stay open, and no
+    route of ``http_server.py`` demands the admin key alone (``srt/utils/auth.py``)."""
+    from slime.backends.torch_engine.server import OPEN_PATH_PREFIXES
+
+    auth = (source(release) / "utils" / "auth.py").read_text()
+    open_paths = [p for p in ("/health", "/ready", "/metrics") if f'path.startswith("{p}")' in auth]
+    assert open_paths == (
+        ["/health", "/ready", "/metrics"] if release >= "0.5.23" else ["/health", "/metrics"]
+    )
+    assert set(open_paths) <= set(OPEN_PATH_PREFIXES)  # the torch engine opens the newest release's set
+    assert (
+        'parts[0].lower() != "bearer"' in auth and "secrets.compare_digest(parts[1], expected_token)" in auth
+    )
+    assert '"Unauthorized"\n                            if decision.error_status_code == 401' in auth
+    optional = auth[auth.index("if auth_level == AuthLevel.ADMIN_OPTIONAL:") :]
+    assert "elif api_key:" in optional[: optional.index("# Normal endpoints")]
+    server = (source(release) / "entrypoints" / "http_server.py").read_text()
+    assert "AuthLevel.ADMIN_FORCE" not in server
+
+
+@pytest.mark.parametrize("release", RELEASES)
 def test_health_is_the_generating_probe_and_waits_while_paused(release: str) -> None:
     """Why slime starts sglang-router with its health checks off (``slime.rollout.router``) and the
     torch engine's ``/health`` generates: ``/health`` and ``/health_generate`` are one handler, a

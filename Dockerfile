@@ -6,7 +6,7 @@
 #
 # v0.5.19-cu129 is the last SGLang release built on CUDA 12 (drivers >= 525 on H100); later tags
 # need a CUDA 13 driver. Versions pinned here are checked against pyproject.toml by
-# tests/test_dockerfile.py.
+# tests/unit/test_dockerfile.py.
 ARG SGLANG_TAG=v0.5.19-cu129
 FROM lmsysorg/sglang:${SGLANG_TAG}
 

@@ -11,12 +11,12 @@ Megatron-LM's, ``--sglang-*`` and slime's own.
 
 from __future__ import annotations
 
-import argparse
 import logging
 
 from tqdm import tqdm
 
 from slime.cli import run_entry_point
+from slime.config.settings.run import RunSettings
 from slime.ray.loop import RolloutLoop
 from slime.ray.session import TrainingSession
 from slime.utils.memory import PeakMemoryMonitor
@@ -24,8 +24,8 @@ from slime.utils.memory import PeakMemoryMonitor
 logger = logging.getLogger("slime")
 
 
-def train(args: argparse.Namespace) -> None:
-    with PeakMemoryMonitor() as memory, TrainingSession(args) as session, RolloutLoop(args, session) as loop:
+def train(settings: RunSettings) -> None:
+    with PeakMemoryMonitor() as memory, TrainingSession(settings) as session, RolloutLoop(session) as loop:
         for rollout_id in tqdm(loop.rollout_ids(), desc="rollouts", unit="rollout"):
             data = loop.generate(rollout_id)
             session.hand_gpus_to_trainer()  # --colocate: engines release their memory, the trainer takes it

@@ -12,12 +12,12 @@ it: logged as ``rollout/staleness``.
 
 from __future__ import annotations
 
-import argparse
 import logging
 
 from tqdm import tqdm
 
 from slime.cli import check_overlappable, run_entry_point
+from slime.config.settings.run import RunSettings
 from slime.ray.loop import RolloutLoop
 from slime.ray.rollouts_ahead import RolloutsAhead
 from slime.ray.session import TrainingSession
@@ -26,10 +26,10 @@ from slime.utils.memory import PeakMemoryMonitor
 logger = logging.getLogger("slime")
 
 
-def train(args: argparse.Namespace) -> None:
-    with PeakMemoryMonitor() as memory, TrainingSession(args) as session, RolloutLoop(args, session) as loop:
+def train(settings: RunSettings) -> None:
+    with PeakMemoryMonitor() as memory, TrainingSession(settings) as session, RolloutLoop(session) as loop:
         rollout_ids = loop.rollout_ids()
-        with RolloutsAhead(loop.generate, rollout_ids, args.async_buffer_size) as ahead:
+        with RolloutsAhead(loop.generate, rollout_ids, settings.loop.async_buffer_size) as ahead:
             for rollout_id in tqdm(rollout_ids, desc="rollouts", unit="rollout"):
                 data = ahead.next(rollout_id)  # generated while the previous rollout trained
                 metrics = loop.train(data)

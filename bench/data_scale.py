@@ -4,7 +4,7 @@ For each size (plain prompts, and with ``--apply-chat-template`` through a tiny 
 each source (``--streaming-data`` or not) and ``--num-data-workers`` 0 and 2, two fresh processes do
 what a run does with its data, with the same slime code:
 
-- the driver: in memory, ``make_data_source(args)`` (read, template, check every record) and pickling
+- the driver: in memory, ``make_data_source(data, args)`` (read, template, check every record) and pickling
   the source, which is what Ray ships to the rollout manager; streaming, ``check_streaming_data``;
 - the rollout manager: in memory, unpickling that source; streaming, building its own from the path
   (index pass, workers started); then one rollout's prompts (``get_samples``), a pause standing in for
@@ -123,12 +123,14 @@ def run_args(config: dict) -> argparse.Namespace:
 
 
 def driver(config: dict) -> dict:
+    from slime.config.settings.data import DataSettings
     from slime.rollout.data_source import check_streaming_data, make_data_source
 
     args = run_args(config)
+    data = DataSettings.from_args(args)
     start = time.perf_counter()
     # What the driver hands the rollout manager (Ray pickles it): the index, or the whole source.
-    shipped = check_streaming_data(args) if config["streaming"] else make_data_source(args)
+    shipped = check_streaming_data(data) if config["streaming"] else make_data_source(data, args)
     with open(config["pickle"], "wb") as f:
         pickle.dump(shipped, f, protocol=5)
     payload = os.path.getsize(config["pickle"])
@@ -137,13 +139,15 @@ def driver(config: dict) -> dict:
 
 
 def manager(config: dict) -> dict:
+    from slime.config.settings.data import DataSettings
     from slime.rollout.data_source import make_data_source
 
     args = run_args(config)
+    data = DataSettings.from_args(args)
     start = time.perf_counter()
     with open(config["pickle"], "rb") as f:
         shipped = pickle.load(f)
-    source = make_data_source(args, shipped) if config["streaming"] else shipped
+    source = make_data_source(data, args, shipped) if config["streaming"] else shipped
     built = time.perf_counter() - start
     timings = []
     for _ in range(2):

@@ -21,6 +21,7 @@ Writes bench/results/packing_vs_padding.json.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import random
@@ -37,6 +38,7 @@ sys.path.insert(0, str(REPO))
 
 from slime.backends.megatron.policy_inputs import step_shard  # noqa: E402
 from slime.config import parse_args  # noqa: E402
+from slime.config.settings.trainer import TrainerSettings  # noqa: E402
 from slime.utils.http import free_port  # noqa: E402
 from tools.make_tiny_model import make_tiny_model  # noqa: E402
 
@@ -93,7 +95,8 @@ def main() -> None:
             "--seed", str(opts.seed),
         ]
     )  # fmt: skip
-    trainer = MegatronTrainer(args, 0, 1, "127.0.0.1", free_port())
+    settings = TrainerSettings.from_args(args)
+    trainer = MegatronTrainer(settings, args, 0, 1, "127.0.0.1", free_port())
     shard = step_shard(data, 0, 1, 0, 1)
     modes = {
         "padded": {"qkv_format": "bshd", "use_dynamic_batch_size": False, "max_tokens_per_gpu": None},
@@ -103,8 +106,10 @@ def main() -> None:
     times: dict[str, list[float]] = {name: [] for name in modes}
     shapes: dict[str, list[list[int]]] = {}
     for repeat in range(opts.repeats + 1):  # the first round warms up and is not counted
-        for name, settings in modes.items():
-            vars(trainer.args).update(settings)
+        for name, batching in modes.items():
+            trainer.settings = dataclasses.replace(
+                settings, batch=dataclasses.replace(settings.batch, **batching)
+            )
             start = time.perf_counter()
             trainer.train_step(shard)
             if repeat:

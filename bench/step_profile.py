@@ -220,6 +220,7 @@ def trainer_parts(work: Path, sft: Path, dump: Path, repeats: int) -> dict[str, 
     from slime.backends.megatron.policy_inputs import DataParallel, PolicyInputs
     from slime.backends.megatron.trainer import MegatronTrainer
     from slime.config import parse_args
+    from slime.config.settings.trainer import TrainerSettings
     from slime.utils.device import worker_env
     from slime.utils.http import free_port
 
@@ -232,10 +233,11 @@ def trainer_parts(work: Path, sft: Path, dump: Path, repeats: int) -> dict[str, 
         "--share-prompts-in-train",
     ]  # fmt: skip
     args = parse_args(flags)
-    trainer = MegatronTrainer(args, 0, 1, "127.0.0.1", free_port())
+    settings = TrainerSettings.from_args(args)
+    trainer = MegatronTrainer(settings, args, 0, 1, "127.0.0.1", free_port())
     data = torch.load(dump, weights_only=False)
     data.pop("metrics", None)
-    inputs = PolicyInputs(args, DataParallel.single())
+    inputs = PolicyInputs(settings, DataParallel.single(), args)
     shard = inputs.shards(data)[0]
     old_pass, forward_backward, optimizer = [], [], []
     for _ in range(repeats + 1):

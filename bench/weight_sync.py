@@ -40,10 +40,10 @@ sys.path.insert(0, str(REPO))
 from slime.backends.engine_server import start_engine_server  # noqa: E402
 from slime.backends.torch_engine.launcher import serving  # noqa: E402
 from slime.backends.torch_engine.weights import iter_safetensors  # noqa: E402
+from slime.engine_client.weight_updates import weight_update_session  # noqa: E402
 from slime.utils.http import free_port, get_json, post_json_sync  # noqa: E402
 from slime.weight_sync import ipc  # noqa: E402
 from slime.weight_sync.bucketing import iter_buckets, iter_packed_buckets  # noqa: E402
-from slime.weight_sync.engine_client import weight_update_session  # noqa: E402
 from slime.weight_sync.process_group import broadcast_from_rank0, create_weight_update_group  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "weight_sync.json"
@@ -102,8 +102,8 @@ def main() -> None:
 
     from megatron.core import parallel_state as mpu
 
+    from slime.config.settings.weight_sync import WeightSyncSettings
     from slime.weight_sync.distributed import DistributedWeightUpdater
-    from slime.weight_sync.settings import WeightSyncSettings
     from slime.weight_sync.tensor import TensorWeightUpdater
     from tools.make_tiny_model import make_tiny_model
 

@@ -17,15 +17,17 @@ import sys
 from collections.abc import Callable
 
 from slime.config import ConfigError, parse_args
+from slime.config.settings.run import RunSettings
+from slime.engine_client.calls import EngineCallError
 from slime.ray.errors import RayClusterUnreachable, TrainerFailure
 from slime.rollout.errors import RolloutError
 from slime.rollout.prompt_files import DataError
 from slime.utils.metrics import setup_logging
-from slime.weight_sync.engine_client import EngineCallError
 
 logger = logging.getLogger("slime")
 
 Check = Callable[[argparse.Namespace], None]
+Train = Callable[[RunSettings], None]
 
 # Run-time errors whose message is the whole story (they name the engine, plugin, rank or cluster at fault).
 # DataError here: under --streaming-data a malformed record is met when it is served.
@@ -67,38 +69,34 @@ def one_line_cause(error: BaseException) -> BaseException | None:
     return None
 
 
-def train_resuming(train: Callable[[argparse.Namespace], None], args: argparse.Namespace) -> None:
-    """``train(args)``; on a ``TrainerFailure``, up to ``--auto-resume`` more times from the last
+def train_resuming(train: Train, settings: RunSettings) -> None:
+    """``train(settings)``; on a ``TrainerFailure``, up to ``--auto-resume`` more times from the last
     checkpoint in ``--save``. The failed run's session has stopped every process; each new call builds
     a fresh one, which resumes as ``--load`` does (rollout id, data position, sampling seeds)."""
-    resumed = 0
+    resumed, allowed = 0, settings.fault_tolerance.auto_resume
     while True:
         try:
-            return train(args)
+            return train(settings)
         except TrainerFailure as failure:
-            if resumed == args.auto_resume:
+            if resumed == allowed:
                 raise
             resumed += 1
-            count = f"--auto-resume: {resumed} of {args.auto_resume}"
-            logger.warning("%s; resuming from the last checkpoint in %s (%s)", failure, args.save, count)
-            resume_from_save(args)
+            count = f"--auto-resume: {resumed} of {allowed}"
+            logger.warning(
+                "%s; resuming from the last checkpoint in %s (%s)", failure, settings.loop.save, count
+            )
+            settings = settings.resuming_from_save()
 
 
-def resume_from_save(args: argparse.Namespace) -> None:
-    """Points ``--load`` at the run's own latest checkpoint: with its optimizer state, whatever
-    ``--ckpt-step`` or ``--no-load-optim`` chose for the first start, and the critic's beside it."""
-    args.load, args.ckpt_step, args.no_load_optim = args.save, None, False
-    args.critic_load = args.critic_save  # None: <--load>/critic, where the run saves it by default
-
-
-def run_entry_point(train: Callable[[argparse.Namespace], None], *checks: Check) -> None:
-    """Parses the flags, runs ``checks`` (entry-point specific, raising ``ConfigError``), then ``train``."""
+def run_entry_point(train: Train, *checks: Check) -> None:
+    """Parses the flags, runs ``checks`` (entry-point specific, raising ``ConfigError``), then ``train``
+    with the run's settings."""
     args = parse_args()
     setup_logging(args.log_level)
     try:
         for check in (*checks, check_implemented):
             check(args)
-        train_resuming(train, args)
+        train_resuming(train, RunSettings.from_args(args))
     except (ConfigError, DataError) as error:  # raised before any process started
         print(error.line(), file=sys.stderr)
         sys.exit(2)

@@ -3,33 +3,14 @@ for every e2e test."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import shlex
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-
-
-def model_args(script: str = "tiny-qwen2.sh") -> list[str]:
-    """The ``MODEL_ARGS`` array of ``scripts/models/<script>``, as bash expands it."""
-    out = subprocess.run(
-        [
-            "bash",
-            "-c",
-            f"source {shlex.quote(str(REPO / 'scripts/models' / script))}; "
-            'printf "%s\\n" "${MODEL_ARGS[@]}"',
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    return out.splitlines()
+from tests.support.models import model_args
 
 
 @pytest.fixture(scope="session")
@@ -92,22 +73,6 @@ def prompts(tmp_path: Path) -> Path:
     return path
 
 
-def rollout_only_args(tiny_models: dict[str, Path], prompts: Path, *extra: str):
-    """The parsed flags of a one-rollout ``--debug-rollout-only`` run of the tiny qwen2 on ``prompts``
-    (2 prompts x 2 samples, exact-match reward): what the plugin tests build their objects from."""
-    from slime.config import parse_args
-
-    return parse_args(
-        [
-            "--hf-checkpoint", str(tiny_models["qwen2"]),
-            "--prompt-data", str(prompts), "--label-key", "label", "--rm-type", "exact",
-            "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
-            "--rollout-num-gpus", "1", "--num-rollout", "1", "--debug-rollout-only",
-            "--rollout-max-response-len", "5", *extra,
-        ]
-    )  # fmt: skip
-
-
 @pytest.fixture(autouse=True)
 def no_engine_key_between_tests(monkeypatch):
     """The run's engine key lives in this process's environment once a run sets it up
@@ -128,66 +93,3 @@ def ray_cluster():
     )
     yield
     ray.shutdown()
-
-
-def engine_state(url: str) -> dict:
-    """An engine's scheduler counters (``/get_server_info`` ``internal_states[0]``: requests finished,
-    aborted, decode steps, KV bytes, paused)."""
-    from slime.utils.http import get_json
-
-    return get_json(f"{url}/get_server_info")["internal_states"][0]
-
-
-@contextlib.contextmanager
-def running_rollout_manager(args, log_dir: Path):
-    """A RolloutManager with its engines (one per bundle of ``--rollout-num-gpus``) and router started;
-    yields ``(manager, engine urls, router url)`` and stops all of it after."""
-    import ray
-
-    from slime.ray.cluster import create_placement_group, release_placement_group
-    from slime.ray.rollout_manager import RolloutManager
-
-    pg = create_placement_group(args.rollout_num_gpus)
-    manager = RolloutManager.remote(args, pg, list(range(args.rollout_num_gpus)), log_dir=str(log_dir))
-    try:
-        urls, router_url = ray.get(manager.start.remote(120))
-        yield manager, urls, router_url
-    finally:
-        ray.get(manager.shutdown.remote())
-        ray.kill(manager)
-        release_placement_group(pg)
-
-
-async def with_http_server(path: str, handler, body):
-    """Serves ``handler`` at ``POST path`` on 127.0.0.1 (a free port) while ``body(url)`` runs; its result."""
-    from aiohttp import web
-
-    app = web.Application()
-    app.router.add_post(path, handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        return await body(f"http://127.0.0.1:{runner.addresses[0][1]}{path}")
-    finally:
-        await runner.cleanup()
-
-
-def redraw_norms_and_biases(model: Path, seed: int) -> Path:
-    """``model`` (a tiny checkpoint, rewritten in place) with norm weights ~ 1 + N(0, 0.1^2) and biases
-    ~ N(0, 0.1^2), each its own draw: transformers starts them at ones and zeros, under which a swapped
-    or dropped norm or bias would convert and compute exactly as the right one does."""
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    state = load_file(model / "model.safetensors")
-    generator = torch.Generator().manual_seed(seed)
-    for name, tensor in state.items():
-        noise = 0.1 * torch.randn(tensor.shape, generator=generator)
-        if name.endswith("norm.weight"):
-            state[name] = 1.0 + noise
-        elif name.endswith(".bias") and not name.endswith("e_score_correction_bias"):
-            state[name] = noise
-    save_file(state, model / "model.safetensors", metadata={"format": "pt"})
-    return model

@@ -42,21 +42,24 @@ def trainer_group(args: argparse.Namespace) -> Iterator:
     """A started TrainerGroup on one bundle per trainer rank; Ray and the bundles are released after."""
     import ray
 
-    from slime.ray.cluster import (
-        bundle_order,
-        create_placement_group,
-        release_placement_group,
-        start_ray,
-        trainer_gpus,
-    )
+    from slime.config.settings.run import RunSettings
+    from slime.ray.cluster import bundle_order, create_placement_group, release_placement_group, start_ray
     from slime.ray.trainer_group import TrainerGroup
 
+    settings = RunSettings.from_args(args)
     pg = group = None
     try:
-        start_ray(args)
-        world = trainer_gpus(args)
+        start_ray(settings.cluster)
+        world = settings.cluster.trainer_gpus
         pg = create_placement_group(world)
-        group = TrainerGroup(args, pg, bundle_order(pg, world))
+        group = TrainerGroup(
+            settings.trainer,
+            settings.weight_sync,
+            settings.plugin_args,
+            pg,
+            bundle_order(pg, world),
+            call_timeout_s=settings.fault_tolerance.trainer_call_timeout_s,
+        )
         group.init()
         yield group
     finally:

@@ -27,8 +27,10 @@ from typing import Any
 
 from tqdm import tqdm
 
-from slime.rollout.generate_utils import rollout_context, router_url
+from slime.config.settings.fault_tolerance import FaultToleranceSettings
+from slime.rollout.generate_utils import rollout_context
 from slime.rollout.output import RolloutOutput
+from slime.rollout.plugin_args import rollout_settings, router_url, settings_of
 from slime.rollout.sample import Sample
 from slime.rollout.sglang_rollout import RolloutClient, sampling_params
 from slime.rollout.sglang_rollout import generate_rollout as default_rollout
@@ -58,8 +60,9 @@ class GenerationWorker:
 
     async def _generate_forever(self) -> None:
         args = self.args
-        client = RolloutClient(args, router_url(args))
-        params = sampling_params(args)
+        settings = rollout_settings(args)
+        client = RolloutClient(args, router_url(args), settings, settings_of(args, FaultToleranceSettings))
+        params = sampling_params(settings.sampling)
         bar = tqdm(desc="fully async", unit="sample", mininterval=1.0)
         try:
             with rollout_context(client.context):

@@ -2,7 +2,7 @@
 # (python tools/make_tiny_model.py --out DIR --arch glm4): 2 layers, hidden 128, 4 heads / 2 KV groups
 # of dim 32, q/k/v bias, RoPE on half of each head (partial_rotary_factor 0.5) in interleaved pairs,
 # norms of the attention and MLP outputs, tied embeddings, vocabulary padded to 112.
-# Keep in sync with the maker's defaults; tests/test_glm4.py checks it against config.json.
+# Keep in sync with the maker's defaults; tests/e2e/test_glm4.py checks it against config.json.
 MODEL_ARGS=(
    --swiglu
    --num-layers 2

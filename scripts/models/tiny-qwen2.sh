@@ -1,7 +1,7 @@
 # Tiny Qwen2 made locally by tools/make_tiny_model.py with its default settings
 # (python tools/make_tiny_model.py --out DIR): 2 layers, hidden 128, 4 heads / 2 KV groups, FFN 512,
 # tied embeddings, character-level vocabulary of 99 tokens padded to 112 in config.json.
-# Keep in sync with the maker's defaults; tests/test_tiny_model.py checks it against config.json.
+# Keep in sync with the maker's defaults; tests/unit/test_tiny_model.py checks it against config.json.
 MODEL_ARGS=(
    --swiglu
    --num-layers 2

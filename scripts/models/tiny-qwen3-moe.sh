@@ -2,7 +2,7 @@
 # (python tools/make_tiny_model.py --out DIR --arch qwen3_moe --untie-embeddings): 2 layers, hidden 128,
 # 4 heads / 2 KV groups of dim 32, q/k RMSNorm, untied embeddings, vocabulary padded to 112;
 # every layer an MoE layer: 4 experts of FFN 64, top-2 routing renormalised (norm_topk_prob true).
-# Keep in sync with the maker's defaults; tests/test_moe.py checks it against config.json.
+# Keep in sync with the maker's defaults; tests/e2e/test_moe.py checks it against config.json.
 MODEL_ARGS=(
    --swiglu
    --num-layers 2

@@ -72,15 +72,6 @@ def mismatch_token_metrics(
     }
 
 
-def training_temperature(rollout_temperature: float) -> float:
-    """The temperature the trainer's log-probs and entropy are taken at: the one the engines sampled
-    with, so that old, reference and current log-probs are those of the distribution the rollout
-    came from (SGLang reports ``log_softmax(logits / T)``). Temperature 0 (greedy) trains at 1: SGLang
-    samples it as top-k 1 at temperature 1 and reports the log-probs of that unscaled distribution.
-    """
-    return rollout_temperature if rollout_temperature > 0 else 1.0
-
-
 ROLLOUT_LOGPROB_COVERAGE = "rollout_logprob_coverage"
 """Metric: the (loss-weighted) share of trained tokens whose engine log-prob is known."""
 MISMATCH_KEYS = ("train_rollout_logprob_abs_diff", "train_rollout_kl", "train_rollout_tis_clipfrac")

@@ -8,6 +8,9 @@ validation and before anything starts.
 from __future__ import annotations
 
 import argparse
+from typing import TypeVar
+
+_N = TypeVar("_N", int, float)
 
 
 def positive_int(text: str) -> int:
@@ -42,7 +45,7 @@ def non_negative_float(text: str) -> float:
     return value
 
 
-def _number(kind: type[int] | type[float], text: str) -> int | float:
+def _number(kind: type[_N], text: str) -> _N:
     # argparse's own words for a plain ``type=int`` / ``type=float`` that does not parse.
     try:
         return kind(text)

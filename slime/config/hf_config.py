@@ -54,6 +54,8 @@ _KNOWN_TYPES = _NO_BIAS_TYPES  # every family slime converts
 
 # What config.json implies for a flag: (value, "key=value" for the message), or None if it is silent.
 Reading = tuple[Any, str] | None
+# A parsed config.json (or one of its nested blocks): JSON keys to JSON values.
+HFConfig = dict[str, Any]
 
 
 def load_hf_config(hf_checkpoint: str) -> tuple[dict[str, Any], str]:
@@ -85,8 +87,8 @@ def _show(value: Any) -> str:
     return json.dumps(value) if isinstance(value, bool) or value is None else str(value)
 
 
-def _key(*names: str) -> Callable[[dict], Reading]:
-    def read(cfg: dict) -> Reading:
+def _key(*names: str) -> Callable[[HFConfig], Reading]:
+    def read(cfg: HFConfig) -> Reading:
         for name in names:
             if cfg.get(name) is not None:
                 return cfg[name], f"{name}={_show(cfg[name])}"
@@ -95,7 +97,7 @@ def _key(*names: str) -> Callable[[dict], Reading]:
     return read
 
 
-def _rope_setting(cfg: dict, name: str) -> tuple[Any, str] | None:
+def _rope_setting(cfg: HFConfig, name: str) -> tuple[Any, str] | None:
     """A RoPE key (``rope_theta``, ``partial_rotary_factor``) and where it was found: at the top level,
     or in ``rope_parameters``, where transformers 5 moved it."""
     params = cfg.get("rope_parameters")
@@ -106,12 +108,12 @@ def _rope_setting(cfg: dict, name: str) -> tuple[Any, str] | None:
     return None
 
 
-def _rope_kind(block: dict) -> str:
+def _rope_kind(block: HFConfig) -> str:
     """The scheme of a RoPE block (transformers 5 says ``rope_type``, older configs ``type``)."""
-    return block.get("rope_type", block.get("type", "default"))
+    return str(block.get("rope_type", block.get("type", "default")))
 
 
-def _rope_theta(cfg: dict) -> Reading:
+def _rope_theta(cfg: HFConfig) -> Reading:
     found = _rope_setting(cfg, "rope_theta")
     if found is None:
         return None
@@ -120,7 +122,7 @@ def _rope_theta(cfg: dict) -> Reading:
     return theta, f"{where}={theta}"
 
 
-def _rope_scaling(cfg: dict) -> tuple[dict, str] | None:
+def _rope_scaling(cfg: HFConfig) -> tuple[HFConfig, str] | None:
     """The RoPE scaling block and where it lives, or None when config.json has no RoPE settings."""
     for key in ("rope_scaling", "rope_parameters"):  # transformers 4 / transformers 5
         block = cfg.get(key)
@@ -131,7 +133,7 @@ def _rope_scaling(cfg: dict) -> tuple[dict, str] | None:
     return None
 
 
-def _use_rope_scaling(cfg: dict) -> Reading:
+def _use_rope_scaling(cfg: HFConfig) -> Reading:
     # --use-rope-scaling is Megatron-LM's name for Llama-3.x scaling; other schemes (yarn, ...) are
     # not expressible with it, so they are neither filled nor checked.
     found = _rope_scaling(cfg)
@@ -144,7 +146,7 @@ def _use_rope_scaling(cfg: dict) -> Reading:
     return kind == "llama3", f"{key}.rope_type={kind}"
 
 
-def _rope_scaling_factor(cfg: dict) -> Reading:
+def _rope_scaling_factor(cfg: HFConfig) -> Reading:
     found = _rope_scaling(cfg)
     if found is None or _rope_kind(found[0]) != "llama3":
         return None
@@ -152,15 +154,15 @@ def _rope_scaling_factor(cfg: dict) -> Reading:
     return (block["factor"], f"{key}.factor={block['factor']}") if "factor" in block else None
 
 
-def _rotary_percent(cfg: dict) -> Reading:
+def _rotary_percent(cfg: HFConfig) -> Reading:
     found = _rope_setting(cfg, "partial_rotary_factor")
     return None if found is None else (float(found[0]), f"{found[1]}={found[0]}")
 
 
-def _by_type(types: frozenset[str], what: str) -> Callable[[dict], Reading]:
+def _by_type(types: frozenset[str], what: str) -> Callable[[HFConfig], Reading]:
     """A switch that a family has and the others (of the families slime converts) lack."""
 
-    def read(cfg: dict) -> Reading:
+    def read(cfg: HFConfig) -> Reading:
         model_type = cfg.get("model_type")
         if model_type not in _KNOWN_TYPES:
             return None
@@ -170,29 +172,29 @@ def _by_type(types: frozenset[str], what: str) -> Callable[[dict], Reading]:
     return read
 
 
-def _mla(cfg: dict) -> bool:
+def _mla(cfg: HFConfig) -> bool:
     return cfg.get("kv_lora_rank") is not None
 
 
-def _multi_latent_attention(cfg: dict) -> Reading:
+def _multi_latent_attention(cfg: HFConfig) -> Reading:
     if "kv_lora_rank" in cfg:
         return _mla(cfg), f"kv_lora_rank={_show(cfg['kv_lora_rank'])}"
     return _by_type(_MLA_TYPES, "multi-latent attention")(cfg)
 
 
-def _mla_key(name: str) -> Callable[[dict], Reading]:
+def _mla_key(name: str) -> Callable[[HFConfig], Reading]:
     """An MLA size; null is a value too (``q_lora_rank: null``: a full query projection)."""
 
-    def read(cfg: dict) -> Reading:
+    def read(cfg: HFConfig) -> Reading:
         return (cfg[name], f"{name}={_show(cfg[name])}") if _mla(cfg) and name in cfg else None
 
     return read
 
 
-def _yarn(name: str, cast: Callable[[Any], Any] = float) -> Callable[[dict], Reading]:
+def _yarn(name: str, cast: Callable[[Any], Any] = float) -> Callable[[HFConfig], Reading]:
     """A YaRN setting of an MLA model's ``rope_scaling`` block."""
 
-    def read(cfg: dict) -> Reading:
+    def read(cfg: HFConfig) -> Reading:
         found = _rope_scaling(cfg) if _mla(cfg) else None
         if found is None or _rope_kind(found[0]) != "yarn":
             return None
@@ -202,7 +204,7 @@ def _yarn(name: str, cast: Callable[[Any], Any] = float) -> Callable[[dict], Rea
     return read
 
 
-def _rope_type(cfg: dict) -> Reading:
+def _rope_type(cfg: HFConfig) -> Reading:
     found = _rope_scaling(cfg) if _mla(cfg) else None
     if found is None:
         return None
@@ -211,12 +213,12 @@ def _rope_type(cfg: dict) -> Reading:
     return ("yarn" if kind == "yarn" else "rope"), f"{key}.rope_type={kind}"
 
 
-def _position_embedding(cfg: dict) -> Reading:
+def _position_embedding(cfg: HFConfig) -> Reading:
     reading = _rope_theta(cfg)
     return ("rope", reading[1]) if reading else None
 
 
-def _normalization(cfg: dict) -> Reading:
+def _normalization(cfg: HFConfig) -> Reading:
     if "rms_norm_eps" in cfg:
         return "RMSNorm", f"rms_norm_eps={cfg['rms_norm_eps']} (RMSNorm)"
     for key in ("layer_norm_eps", "layer_norm_epsilon"):
@@ -225,18 +227,18 @@ def _normalization(cfg: dict) -> Reading:
     return None
 
 
-def _swiglu(cfg: dict) -> Reading:
+def _swiglu(cfg: HFConfig) -> Reading:
     act = cfg.get("hidden_act")
     return (act in ("silu", "swish"), f"hidden_act={act}") if isinstance(act, str) else None
 
 
-def _untie(cfg: dict) -> Reading:
+def _untie(cfg: HFConfig) -> Reading:
     # A missing key is read as False: the default of LlamaConfig, Qwen2Config and Qwen3(-MoE)Config.
     tied = bool(cfg.get("tie_word_embeddings", False))
     return not tied, f"tie_word_embeddings={_show(tied)}"
 
 
-def _qk_layernorm(cfg: dict) -> Reading:
+def _qk_layernorm(cfg: HFConfig) -> Reading:
     if "use_qk_norm" in cfg:  # GLM-4.5
         return bool(cfg["use_qk_norm"]), f"use_qk_norm={_show(cfg['use_qk_norm'])}"
     model_type = cfg.get("model_type")
@@ -247,7 +249,7 @@ def _qk_layernorm(cfg: dict) -> Reading:
     return None
 
 
-def _qkv_bias(cfg: dict) -> Reading:
+def _qkv_bias(cfg: HFConfig) -> Reading:
     model_type = cfg.get("model_type")
     if model_type in _QKV_BIAS_TYPES:
         return True, f"model_type={model_type} (QKV bias)"
@@ -258,7 +260,7 @@ def _qkv_bias(cfg: dict) -> Reading:
     return None
 
 
-def _bias_linear(cfg: dict) -> Reading:
+def _bias_linear(cfg: HFConfig) -> Reading:
     if "mlp_bias" in cfg:
         return bool(cfg["mlp_bias"]), f"mlp_bias={_show(cfg['mlp_bias'])}"
     model_type = cfg.get("model_type")
@@ -267,13 +269,13 @@ def _bias_linear(cfg: dict) -> Reading:
     return None
 
 
-def _scores_by(cfg: dict) -> str:
+def _scores_by(cfg: HFConfig) -> str:
     """The router's score function config.json implies (softmax when it says nothing)."""
     reading = _score_function(cfg)
     return "softmax" if reading is None else reading[0]
 
 
-def _score_function(cfg: dict) -> Reading:
+def _score_function(cfg: HFConfig) -> Reading:
     if "scoring_func" in cfg:  # DeepSeek-V3
         return cfg["scoring_func"], f"scoring_func={cfg['scoring_func']}"
     model_type = cfg.get("model_type")
@@ -282,7 +284,7 @@ def _score_function(cfg: dict) -> Reading:
     return None
 
 
-def _expert_bias(cfg: dict) -> Reading:
+def _expert_bias(cfg: HFConfig) -> Reading:
     """DeepSeek-V3's aux-loss-free balancing: a score bias (``e_score_correction_bias``) that picks
     the experts but does not weight them."""
     if "topk_method" in cfg:
@@ -293,7 +295,7 @@ def _expert_bias(cfg: dict) -> Reading:
     return None
 
 
-def _shared_experts(cfg: dict) -> Reading:
+def _shared_experts(cfg: HFConfig) -> Reading:
     """DeepSeek-V3 counts its shared experts (``n_shared_experts`` of ``moe_intermediate_size``);
     Megatron takes their total size."""
     shared = cfg.get("n_shared_experts")
@@ -305,7 +307,7 @@ def _shared_experts(cfg: dict) -> Reading:
     ), f"n_shared_experts={shared} × moe_intermediate_size={cfg['moe_intermediate_size']}"
 
 
-def _pre_softmax(cfg: dict) -> Reading:
+def _pre_softmax(cfg: HFConfig) -> Reading:
     # HF takes the top-k of the softmax over all experts and renormalises them when norm_topk_prob is
     # set; Megatron's default (softmax over the top-k logits) is that renormalised form. A sigmoid
     # router always renormalises in Megatron (checked in ``_check_router``).
@@ -315,7 +317,7 @@ def _pre_softmax(cfg: dict) -> Reading:
     return not norm, f"norm_topk_prob={_show(norm)}"
 
 
-def _shared_expert_gate(cfg: dict) -> Reading:
+def _shared_expert_gate(cfg: HFConfig) -> Reading:
     # Qwen2-MoE always multiplies its shared expert by sigmoid(shared_expert_gate(x)).
     if not cfg.get("shared_expert_intermediate_size"):
         return None
@@ -327,7 +329,7 @@ def _shared_expert_gate(cfg: dict) -> Reading:
 class _Rule:
     dest: str
     flag: str
-    read: Callable[[dict], Reading]
+    read: Callable[[HFConfig], Reading]
     switch: bool = False  # the flag takes no value, so a mismatch is fixed by dropping it
     check: bool = True  # False: only fill when omitted (a different value is a legitimate choice)
 
@@ -413,7 +415,7 @@ def _same(a: Any, b: Any) -> bool:
 
     if is_number(a) and is_number(b):
         return math.isclose(a, b, rel_tol=1e-12, abs_tol=0.0)
-    return a == b
+    return bool(a == b)
 
 
 def _mismatch(flag: str, given: Any, desc: str, fix: str, path: str) -> ConfigError:

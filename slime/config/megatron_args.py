@@ -33,11 +33,24 @@ def moe_layer_freq(text: str) -> int | list[int]:
             return node.value
         if isinstance(node, ast.List):
             items = [value(item) for item in node.elts]
-            if all(type(item) is int for item in items):
-                return items
+            ints = [item for item in items if type(item) is int]
+            if len(ints) == len(items):
+                return ints
         if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
             left, right = value(node.left), value(node.right)
-            return left + right if isinstance(node.op, ast.Add) else left * right
+            if isinstance(node.op, ast.Add):
+                if isinstance(left, int) and isinstance(right, int):
+                    return left + right
+                if isinstance(left, list) and isinstance(right, list):
+                    return left + right
+            else:
+                if isinstance(left, int) and isinstance(right, int):
+                    return left * right
+                if isinstance(left, list) and isinstance(right, int):
+                    return left * right
+                if isinstance(left, int) and isinstance(right, list):
+                    return left * right
+            raise TypeError  # int + list, list * list: what Python itself rejects
         raise ValueError
 
     try:

@@ -1,7 +1,8 @@
 """The one parser for all three flag families, and the entry point that validates before start-up.
 
 ``parse_args`` is the only function ``train.py`` needs: it parses Megatron-LM flags, slime flags
-and the ``--sglang-*`` pass-through, validates and derives, and on any problem prints a single
+and the ``--sglang-*`` pass-through, fills in the values left to slime (``derive``) and checks the
+result (``validate``), and on any problem prints a single
 ``error: <flag>: <what is wrong>; <what to do>`` line and exits with code 2, before any Ray
 actor, placement group or engine exists. The result is a flat Namespace with Megatron-LM dest
 names, because user plugins receive ``args`` as they do in slime and Megatron-LM.
@@ -10,16 +11,17 @@ names, because user plugins receive ``args`` as they do in slime and Megatron-LM
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import NoReturn
 
+from slime.config import derive, validate
 from slime.config.errors import ConfigError
 from slime.config.megatron_args import add_megatron_arguments
 from slime.config.sglang_args import add_sglang_arguments, collect_sglang_args
 from slime.config.slime_args import add_slime_arguments
-from slime.config.validate import validate_args
 
 _ARGUMENT_ERROR = re.compile(r"^argument (?P<names>[^:]+): (?P<message>.*)$", re.DOTALL)
 
@@ -91,8 +93,57 @@ def explicit_dests(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[
     return dests
 
 
+def configure_steps(
+    args: argparse.Namespace, explicit: Collection[str] | None = None
+) -> tuple[Callable[[argparse.Namespace], None], ...]:
+    """The derivations (``derive``, which write) and checks (``validate``, which only read) in the order
+    they run: each derivation after the checks of what it reads, so that the first problem of a
+    command line is the one reported. ``explicit`` is as for ``configure``."""
+    return (
+        derive.fill_modes,
+        validate.check_modes,
+        validate.check_required,
+        validate.check_ranges,
+        validate.check_sglang,
+        validate.check_paths,
+        validate.check_data_loading,
+        functools.partial(derive.fill_model_from_hf, given=derive.given_fn(args, explicit)),
+        validate.check_model_shape,
+        derive.fill_model,
+        derive.fill_cluster,
+        validate.check_cluster,
+        derive.fill_batch,
+        validate.check_batch,
+        derive.fill_data_parallel_size,
+        validate.check_parallelism,
+        validate.check_training_options,
+        derive.fill_weight_transport,
+        validate.check_weight_sync,
+        validate.check_engine_backend,
+        derive.fill_algorithm,
+        validate.check_algorithm,
+        derive.fill_eval,
+        validate.check_eval,
+        validate.check_plugins,
+        derive.fill_plugin_paths,
+        validate.check_reward_model_flags,
+    )
+
+
+def configure(args: argparse.Namespace, explicit: Collection[str] | None = None) -> None:
+    """Fill every value left to slime into ``args`` and check them all; raises ``ConfigError`` on the
+    first problem.
+
+    ``explicit`` is the set of dests the user typed (``parse_args`` passes it). A model flag not in
+    it is filled from config.json; one in it must match. Without it, a Megatron flag still at its
+    Megatron default counts as omitted.
+    """
+    for step in configure_steps(args, explicit):
+        step(args)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Parse, validate and derive; on any problem print one error line and exit with code 2."""
+    """Parse, derive and check; on any problem print one error line and exit with code 2."""
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args, leftover = parser.parse_known_args(argv)
@@ -100,7 +151,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unrecognized:
         parser.error(f"unrecognized arguments: {' '.join(unrecognized)}")
     try:
-        validate_args(args, explicit=explicit_dests(parser, argv))
+        configure(args, explicit=explicit_dests(parser, argv))
     except ConfigError as e:
         _fail(e.line())
     return args

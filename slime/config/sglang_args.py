@@ -66,7 +66,7 @@ class FallbackServerArgs:
     SGLang's ServerArgs has them): the ones RL runs set most, and the fields slime controls. Read by
     the ``--sglang-*`` check where SGLang is not installed and by the torch engine's command line,
     which honours some and accepts the others without effect. Each is a flag of SGLang 0.5.23
-    (tests/test_sglang_wheels.py checks it against the real class)."""
+    (tests/unit/test_sglang_wheels.py checks it against the real class)."""
 
     model_path: str = ""
     tokenizer_path: str | None = None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from slime.config.arg_types import non_negative_float, non_negative_int, positive_float, positive_int
-from slime.utils.engine_api import SUPPORTED_SGLANG
+from slime.engine_client.protocol import SUPPORTED_SGLANG
 
 DEFAULT_ROLLOUT_FUNCTION_PATH = "slime.rollout.sglang_rollout.generate_rollout"
 

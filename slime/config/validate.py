@@ -1,35 +1,30 @@
-"""Validation and derived settings: everything that can be known wrong before anything starts.
+"""The checks: everything that can be known wrong before anything starts. They read ``args`` only.
 
 A wrong flag, a missing file, an unimportable plugin or inconsistent batch arithmetic must be one
 clear line at start-up, not a Ray traceback ten minutes later (DESIGN.md §4). Each check raises a
-``ConfigError`` naming the flag to change and how; each derived value is written back onto
-``args`` so that every later reader sees one settled configuration.
+``ConfigError`` naming the flag to change and how. The values slime derives are filled in by
+``slime.config.derive``; ``slime.config.parser.configure_steps`` runs both in dependency order.
 
-Checks run in dependency order: modes and required flags, value ranges, paths, the model shape
-(filled from / checked against the HF config.json), cluster layout, batch arithmetic, parallel
-layout, Megatron options, weight transport, algorithm, evaluation, and last the plugins (they
-import user code). The file reads in that order too: ``validate_args`` first, then each check as
-it calls them, its helpers after it. Counts and sizes that must be positive are refused earlier,
-while parsing, by their argparse type (``arg_types``).
+Checks run in that order: modes and required flags, value ranges, paths, the model shape (filled
+from / checked against the HF config.json), cluster layout, batch arithmetic, parallel layout,
+Megatron options, weight transport, algorithm, evaluation, and last the plugins (they import user
+code). The file reads in that order too, each check's helpers after it. Counts and sizes that must
+be positive are refused earlier, while parsing, by their argparse type (``arg_types``).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import functools
 import inspect
 import os
 import re
-import sys
 import tempfile
-from collections.abc import Callable, Collection
-from typing import Any
 
+from slime.config.engine_backend import missing_server_requirements, resolve_backend
 from slime.config.errors import ConfigError
-from slime.config.eval_config import eval_sets_from_args
-from slime.config.hf_config import apply_hf_config, load_hf_config
-from slime.config.megatron_args import add_megatron_arguments
+from slime.config.hf_config import CONFIG_NAME
+from slime.config.reward_types import BOXED_PREFIX, BUILTIN_REWARD_TYPES
+from slime.config.settings.router import RouterSettings
 from slime.config.sglang_args import check_sglang_server_args
 from slime.config.slime_args import DEFAULT_ROLLOUT_FUNCTION_PATH, PLUGIN_FLAGS
 from slime.utils.checkpoint_layout import TRACKER_FILE, iteration_dir, latest_rollout_id, saved_rollout_ids
@@ -42,58 +37,11 @@ from slime.utils.plugins import (
 )
 
 
-def validate_args(args: argparse.Namespace, explicit: Collection[str] | None = None) -> None:
-    """Check ``args`` and set every derived value on it; raises ``ConfigError`` on the first problem.
-
-    ``explicit`` is the set of dests the user typed (``parse_args`` passes it). A model flag not in
-    it is filled from config.json; one in it must match. Without it, a Megatron flag still at its
-    Megatron default counts as omitted.
-    """
-    given = _given_fn(args, explicit)
-    if not hasattr(args, "sglang_server_args"):
-        args.sglang_server_args = {}
-    _check_modes(args)
-    _check_required(args)
-    _check_ranges(args)
-    check_sglang_server_args(args.sglang_server_args)
-    _check_paths(args)
-    _check_data_loading(args)
-    _derive_model(args, given)
-    _check_cluster(args)
-    _check_batch(args)
-    _check_parallelism(args)
-    _check_training_options(args)
-    _check_weight_sync(args)
-    _check_engine_backend(args)
-    _check_algorithm(args)
-    _check_eval(args)
-    _check_plugins(args)
-
-
-def _given_fn(args: argparse.Namespace, explicit: Collection[str] | None) -> Callable[[str], bool]:
-    if explicit is not None:
-        names = set(explicit)
-        if "use_rotary_position_embeddings" in names:
-            names.add("position_embedding_type")
-        return names.__contains__
-    defaults = _megatron_defaults()
-    return lambda dest: getattr(args, dest, None) != defaults.get(dest)
-
-
-@functools.cache
-def _megatron_defaults() -> dict[str, Any]:
-    parser = argparse.ArgumentParser(add_help=False)
-    add_megatron_arguments(parser)
-    return vars(parser.parse_args([]))
-
-
 def _flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
-def _check_modes(args: argparse.Namespace) -> None:
-    if args.load_debug_rollout_data is not None:
-        args.debug_train_only = True
+def check_modes(args: argparse.Namespace) -> None:
     if args.debug_rollout_only and args.debug_train_only:
         flag = "--load-debug-rollout-data" if args.load_debug_rollout_data else "--debug-train-only"
         raise ConfigError(flag, "cannot be combined with --debug-rollout-only (nothing would run); keep one")
@@ -112,7 +60,7 @@ def _check_modes(args: argparse.Namespace) -> None:
         )
 
 
-def _check_required(args: argparse.Namespace) -> None:
+def check_required(args: argparse.Namespace) -> None:
     if args.hf_checkpoint is None:
         raise ConfigError(
             "--hf-checkpoint", "required; pass the HF model directory (config.json, weights, tokenizer)"
@@ -123,7 +71,7 @@ def _check_required(args: argparse.Namespace) -> None:
         raise ConfigError("--num-rollout", "required; pass --num-rollout N (or --num-epoch N)")
 
 
-def _check_ranges(args: argparse.Namespace) -> None:
+def check_ranges(args: argparse.Namespace) -> None:
     if args.rollout_num_gpus is not None and args.rollout_num_gpus < 0:
         raise ConfigError("--rollout-num-gpus", f"must not be negative, got {args.rollout_num_gpus}")
     for prefix in ("rollout", "eval"):
@@ -140,8 +88,12 @@ def _check_ranges(args: argparse.Namespace) -> None:
         raise ConfigError("--lr", f"must not be negative, got {args.lr}")
 
 
-def _check_paths(args: argparse.Namespace) -> None:
-    # --hf-checkpoint is read (and so checked) by _derive_model; --load-debug-rollout-data is a
+def check_sglang(args: argparse.Namespace) -> None:
+    check_sglang_server_args(args.sglang_server_args)
+
+
+def check_paths(args: argparse.Namespace) -> None:
+    # --hf-checkpoint is read (and so checked) by derive.fill_model_from_hf; --load-debug-rollout-data is a
     # {rollout_id} pattern.
     check_checkpoint_to_load(args)
     if args.prompt_data is not None:
@@ -187,7 +139,7 @@ def _check_writable_dir(flag: str, directory: str) -> None:
         ) from e
 
 
-def _check_data_loading(args: argparse.Namespace) -> None:
+def check_data_loading(args: argparse.Namespace) -> None:
     """The "large prompt sets" flags read --prompt-data; a --data-source-path class reads its own."""
     chosen = [
         flag
@@ -266,11 +218,9 @@ def split_data_path(spec: str) -> tuple[str, slice | None]:
     return match.group("path"), slice(start, stop)
 
 
-def _derive_model(args: argparse.Namespace, given: Callable[[str], bool]) -> None:
-    if args.use_rotary_position_embeddings:
-        args.position_embedding_type = "rope"
-    config, path = load_hf_config(args.hf_checkpoint)
-    apply_hf_config(args, config, path, given)
+def check_model_shape(args: argparse.Namespace) -> None:
+    """The shape config.json had to give where the command line did not."""
+    path = os.path.join(args.hf_checkpoint, CONFIG_NAME)
     hf_keys = {
         "num_layers": "num_hidden_layers",
         "hidden_size": "hidden_size",
@@ -283,31 +233,9 @@ def _derive_model(args: argparse.Namespace, given: Callable[[str], bool]) -> Non
             raise ConfigError(_flag(dest), f"not given and {path} has no {key}; pass {_flag(dest)} N")
         if value <= 0:
             raise ConfigError(_flag(dest), f"must be positive, got {value}")
-    hidden, heads = args.hidden_size, args.num_attention_heads
-    if args.ffn_hidden_size is None:  # Megatron-LM's rule
-        args.ffn_hidden_size = int(4 * hidden * 2 / 3 / 64) * 64 if args.swiglu else 4 * hidden
-    if args.kv_channels is None:
-        if hidden % heads:
-            raise ConfigError(
-                "--kv-channels",
-                f"not given and --hidden-size {hidden} is not divisible by {heads} heads; pass it",
-            )
-        args.kv_channels = hidden // heads
-    if not args.group_query_attention:
-        args.num_query_groups = heads  # Megatron ignores --num-query-groups without GQA
-    elif args.num_query_groups is None:
-        args.num_query_groups = 1  # Megatron-LM's default
-    if args.recompute_activations:
-        args.recompute_granularity = "selective"
-    # Megatron-LM keeps the negative dest and hands TransformerConfig the positive one.
-    args.persist_layer_norm = not args.no_persist_layer_norm
-    if args.expert_tensor_parallel_size is None:
-        args.expert_tensor_parallel_size = args.tensor_model_parallel_size
 
 
 def _check_router(args: argparse.Namespace) -> None:
-    from slime.rollout.router import RouterSettings
-
     try:
         settings = RouterSettings.from_args(args)
     except ValueError as exc:  # shlex: an unbalanced quote
@@ -316,28 +244,17 @@ def _check_router(args: argparse.Namespace) -> None:
         raise ConfigError("--router-extra-args", f"sglang-router refuses them: {problem}")
 
 
-def _check_cluster(args: argparse.Namespace) -> None:
-    args.world_size = args.actor_num_nodes * args.actor_num_gpus_per_node
-    trainer = (
-        f"{args.world_size} (--actor-num-nodes {args.actor_num_nodes} × "
-        f"--actor-num-gpus-per-node {args.actor_num_gpus_per_node})"
-    )
-    if args.colocate:
-        if args.rollout_num_gpus is None:
-            args.rollout_num_gpus = args.world_size
-        elif args.rollout_num_gpus != args.world_size:
-            raise ConfigError(
-                "--rollout-num-gpus",
-                f"{args.rollout_num_gpus} differs from the trainer's GPUs {trainer} under --colocate; "
-                "drop --rollout-num-gpus or make them equal",
-            )
-    elif args.rollout_num_gpus is None:
-        if not args.debug_train_only and args.loss_type != "sft_loss":
-            raise ConfigError(
-                "--rollout-num-gpus",
-                "required without --colocate; pass the engines' GPU count or add --colocate",
-            )
-        args.rollout_num_gpus = 0  # SFT and train-only debugging start no engines
+def check_cluster(args: argparse.Namespace) -> None:
+    if args.colocate and args.rollout_num_gpus != args.world_size:
+        trainer = (
+            f"{args.world_size} (--actor-num-nodes {args.actor_num_nodes} × "
+            f"--actor-num-gpus-per-node {args.actor_num_gpus_per_node})"
+        )
+        raise ConfigError(
+            "--rollout-num-gpus",
+            f"{args.rollout_num_gpus} differs from the trainer's GPUs {trainer} under --colocate; "
+            "drop --rollout-num-gpus or make them equal",
+        )
     _check_router(args)
     per_engine, per_node = args.rollout_num_gpus_per_engine, args.num_gpus_per_node
     if args.rollout_num_gpus % per_engine:
@@ -354,81 +271,39 @@ def _check_cluster(args: argparse.Namespace) -> None:
         )
 
 
-def _check_batch(args: argparse.Namespace) -> None:
+def check_batch(args: argparse.Namespace) -> None:
     rbs, n = args.rollout_batch_size, args.n_samples_per_prompt
     gbs, steps = args.global_batch_size, args.num_steps_per_rollout
     samples = rbs * n
-    rollout = f"--rollout-batch-size × --n-samples-per-prompt = {rbs} × {n} = {samples}"
-    if gbs is None:
-        steps = steps or 1
-        if samples % steps:
-            raise ConfigError(
-                "--num-steps-per-rollout",
-                f"{rollout} samples cannot be split into {steps} equal steps; use a divisor of {samples}",
-            )
-        gbs = samples // steps
-    elif steps is None:
-        if samples % gbs:
-            raise ConfigError(
-                "--global-batch-size",
-                f"{rollout} samples per rollout is not a multiple of {gbs}; use a divisor of {samples}, "
-                f"e.g. --global-batch-size {samples}",
-            )
-        steps = samples // gbs
-    elif gbs * steps != samples:
+    if gbs * steps != samples:  # both given (``derive.fill_batch`` fills one from the other)
         if samples % steps == 0:
             fix = f"use --global-batch-size {samples // steps}"
         elif samples % gbs == 0:
             fix = f"use --num-steps-per-rollout {samples // gbs}"
         else:
             fix = f"make their product {samples}"
+        rollout = f"--rollout-batch-size × --n-samples-per-prompt = {rbs} × {n} = {samples}"
         raise ConfigError(
             "--global-batch-size",
             f"{rollout} but --global-batch-size × --num-steps-per-rollout = {gbs} × {steps} = {gbs * steps}; "
             + fix,
         )
-    args.global_batch_size, args.num_steps_per_rollout = gbs, steps
-    if args.over_sampling_batch_size is None:
-        args.over_sampling_batch_size = rbs
-    elif args.over_sampling_batch_size < rbs:
+    if args.over_sampling_batch_size < rbs:
         raise ConfigError(
             "--over-sampling-batch-size",
             f"{args.over_sampling_batch_size} is below --rollout-batch-size {rbs}; use at least {rbs}",
         )
 
 
-def _check_parallelism(args: argparse.Namespace) -> None:
-    """The trainer's parallel layout against its GPUs, its batches and the model's shape."""
-    _check_model_parallel_gpus(args)
+def check_parallelism(args: argparse.Namespace) -> None:
+    """The trainer's parallel layout against its batches and the model's shape (``derive`` checked
+    TP × PP × CP against the GPUs when it took the data-parallel size from them)."""
     _check_micro_batches(args)
     _check_model_split(args)
     _check_context_parallel(args)
     _check_shared_prompts(args)
     _check_sequence_parallel(args)
     _check_expert_parallel(args)
-
-
-def _check_model_parallel_gpus(args: argparse.Namespace) -> None:
-    """TP × PP × CP must divide the trainer GPUs; what is left is the data-parallel size."""
-    tp, pp, cp = (
-        args.tensor_model_parallel_size,
-        args.pipeline_model_parallel_size,
-        args.context_parallel_size,
-    )
-    sizes = {
-        "--tensor-model-parallel-size": tp,
-        "--pipeline-model-parallel-size": pp,
-        "--context-parallel-size": cp,
-    }
-    model_parallel = tp * pp * cp
-    if args.world_size % model_parallel:
-        flag = next((f for f, size in sizes.items() if size > 1), "--tensor-model-parallel-size")
-        raise ConfigError(
-            flag,
-            f"trainer GPUs {args.world_size} are not divisible by TP × PP × CP = {tp} × {pp} × {cp}; "
-            f"use sizes whose product divides {args.world_size}",
-        )
-    args.data_parallel_size = args.world_size // model_parallel
 
 
 def _check_micro_batches(args: argparse.Namespace) -> None:
@@ -582,7 +457,7 @@ def _check_moe(args: argparse.Namespace) -> None:
         )
 
 
-def _check_training_options(args: argparse.Namespace) -> None:
+def check_training_options(args: argparse.Namespace) -> None:
     """Megatron options that need another one: recomputation, the distributed optimizer, warm-up, saving
     (and resuming from what is saved)."""
     if args.recompute_granularity == "full" and (
@@ -598,7 +473,7 @@ def _check_training_options(args: argparse.Namespace) -> None:
         )
     if args.lr_warmup_fraction is not None and args.lr_warmup_iters:
         raise ConfigError("--lr-warmup-fraction", "cannot be combined with --lr-warmup-iters; keep one")
-    steps = lr_schedule_steps(args)
+    steps = _lr_schedule_steps(args)
     if args.lr_warmup_iters and steps and args.lr_warmup_iters >= steps:
         # megatron-core's scheduler asserts warm-up < decay steps, which the run's steps are by default.
         where = "--lr-decay-iters" if args.lr_decay_iters else "--num-rollout × --num-steps-per-rollout"
@@ -616,11 +491,9 @@ def _check_training_options(args: argparse.Namespace) -> None:
         )
 
 
-def _check_weight_sync(args: argparse.Namespace) -> None:
+def check_weight_sync(args: argparse.Namespace) -> None:
     """The weight transport against the placement: in place only when colocated, never NCCL on one GPU."""
     transport = args.update_weight_transport
-    if transport is None:
-        transport = args.update_weight_transport = "tensor" if args.colocate else "distributed"
     if args.colocate and args.update_weights_interval != 1:
         raise ConfigError(
             "--update-weights-interval",
@@ -679,19 +552,16 @@ def _check_weight_sync(args: argparse.Namespace) -> None:
             )
 
 
-def _check_engine_backend(args: argparse.Namespace) -> None:
+def check_engine_backend(args: argparse.Namespace) -> None:
     """What the SGLang servers need for the flags slime sets on them, installed here: the driver runs
     the engine nodes' image (the Docker image has them all)."""
     if args.rollout_num_gpus == 0 or not uses_engines(args):
         return
-    from slime.backends import resolve_backend
-
-    if resolve_backend(args) != "sglang":
+    if resolve_backend(args.rollout_backend) != "sglang":
         return
-    from slime.backends.sglang import missing_server_requirements
-    from slime.utils.device import has_gpu
+    from slime.utils.device import has_gpu  # imports torch: only for SGLang engines
 
-    for flag, server_flag, module in missing_server_requirements(args):
+    for flag, server_flag, module in missing_server_requirements(bool(args.colocate)):
         # torch_memory_saver pauses CUDA allocations: without a GPU no install makes --colocate work.
         if module == "torch_memory_saver" and not has_gpu():
             raise ConfigError(
@@ -707,10 +577,10 @@ def _check_engine_backend(args: argparse.Namespace) -> None:
         )
 
 
-def lr_schedule_steps(args: argparse.Namespace) -> int:
-    """The optimizer steps the learning-rate schedule spans: ``--lr-decay-iters``, else the run's own
-    (``--num-rollout`` × ``--num-steps-per-rollout``; 0 while the run length is unknown)."""
-    return args.lr_decay_iters or (args.num_rollout or 0) * args.num_steps_per_rollout
+def _lr_schedule_steps(args: argparse.Namespace) -> int:
+    """``TrainerSettings.lr_schedule_steps`` before the settings exist: ``--lr-decay-iters``, else the
+    run's own (``--num-rollout`` × ``--num-steps-per-rollout``; 0 while the run length is unknown)."""
+    return int(args.lr_decay_iters or (args.num_rollout or 0) * args.num_steps_per_rollout)
 
 
 def uses_engines(args: argparse.Namespace) -> bool:
@@ -718,22 +588,17 @@ def uses_engines(args: argparse.Namespace) -> bool:
     return not args.debug_train_only and args.loss_type != "sft_loss"
 
 
-def _check_algorithm(args: argparse.Namespace) -> None:
-    if args.eps_clip_high is None:
-        args.eps_clip_high = args.eps_clip
+def check_algorithm(args: argparse.Namespace) -> None:
     if args.eps_clip_c is not None and args.eps_clip_c <= 1:
         raise ConfigError("--eps-clip-c", f"must be > 1 (dual-clip bound), got {args.eps_clip_c}; e.g. 3.0")
     if args.loss_type == "custom_loss" and args.custom_loss_function_path is None:
         raise ConfigError("--loss-type", "custom_loss needs --custom-loss-function-path module.function")
-    if args.rm_type is not None:
-        from slime.rollout.rewards.scoring import BOXED_PREFIX, BUILTIN_REWARDS
-
-        if args.rm_type.removeprefix(BOXED_PREFIX) not in BUILTIN_REWARDS:
-            raise ConfigError(
-                "--rm-type",
-                f"unknown {args.rm_type!r}; choose one of {', '.join(BUILTIN_REWARDS)} "
-                f"(or {BOXED_PREFIX}<type>), or pass --custom-rm-path",
-            )
+    if args.rm_type is not None and args.rm_type.removeprefix(BOXED_PREFIX) not in BUILTIN_REWARD_TYPES:
+        raise ConfigError(
+            "--rm-type",
+            f"unknown {args.rm_type!r}; choose one of {', '.join(BUILTIN_REWARD_TYPES)} "
+            f"(or {BOXED_PREFIX}<type>), or pass --custom-rm-path",
+        )
     if args.rm_type in ("remote", "remote_rm") and args.rm_url is None:
         raise ConfigError("--rm-url", f"required with --rm-type {args.rm_type}; pass the reward model's URL")
     if args.group_rm and args.custom_rm_path is None:
@@ -759,8 +624,6 @@ def _check_off_policy_corrections(args: argparse.Namespace) -> None:
             )
     if args.mis_upper_bound <= 0:
         raise ConfigError("--mis-upper-bound", f"must be positive, got {args.mis_upper_bound}; e.g. 2.0")
-    if args.mis_lower_bound is None:
-        args.mis_lower_bound = 1.0 / args.mis_upper_bound
     if not 0 <= args.mis_lower_bound < args.mis_upper_bound:
         raise ConfigError(
             "--mis-lower-bound",
@@ -809,26 +672,10 @@ def _check_critic(args: argparse.Namespace) -> None:
         )
 
 
-def _check_eval(args: argparse.Namespace) -> None:
-    """The eval sets settled into ``args.eval_sets`` (``slime.config.eval_config``), their files and
-    reward plugins checked."""
-    # Unset eval sampling settings follow the rollout's.
-    for key in ("max_response_len", "temperature", "top_p", "top_k"):
-        if getattr(args, f"eval_{key}") is None:
-            setattr(args, f"eval_{key}", getattr(args, f"rollout_{key}"))
-    for key in ("input_key", "label_key"):
-        if getattr(args, f"eval_{key}") is None:
-            setattr(args, f"eval_{key}", getattr(args, key))
-    args.eval_sets = eval_sets_from_args(args)
+def check_eval(args: argparse.Namespace) -> None:
+    """The eval sets settled into ``args.eval_sets`` (``derive.fill_eval``): their files and reward
+    plugins."""
     flag = "--eval-config" if args.eval_config is not None else "--eval-prompt-data"
-    if args.eval_interval is not None and not args.eval_sets:
-        # The usage guide's workflow 1 passes --eval-interval with no eval data and upstream slime
-        # runs it without evaluating, so this runs too: one warning, evaluation off.
-        sys.stderr.write(
-            "warning: --eval-interval: given without --eval-prompt-data or --eval-config; evaluation "
-            "is off (add a set to evaluate)\n"
-        )
-        args.eval_interval = None
     if args.eval_pass_threshold != 1.0 and not args.log_passrate:
         raise ConfigError("--eval-pass-threshold", "counts only with --log-passrate; add it or drop this")
     for eval_set in args.eval_sets:
@@ -840,24 +687,24 @@ def _check_eval(args: argparse.Namespace) -> None:
 
 def _check_eval_reward_plugins(args: argparse.Namespace) -> None:
     """A set's own ``custom_rm_path`` is loaded and checked like ``--custom-rm-path`` (the flag's own,
-    which sets inherit, is checked with the other plugins); every one is made absolute, as Ray workers
-    run elsewhere."""
-    for i, eval_set in enumerate(args.eval_sets):
+    which sets inherit, is checked with the other plugins); every one must resolve to the absolute
+    form ``derive.fill_plugin_paths`` gives it."""
+    for eval_set in args.eval_sets:
         path = eval_set.custom_rm_path
         if path is None:
             continue
         flag = "--custom-rm-path" if path == args.custom_rm_path else "--eval-config"
         try:
             if path != args.custom_rm_path:
-                _check_reward_model_path(args, check_plugin("--custom-rm-path", path))
-            resolved = resolve_path("--custom-rm-path", path)
+                target = check_plugin("--custom-rm-path", path)
+                _check_reward_model_path(args, target, args.custom_rm_path)
+            resolve_path("--custom-rm-path", path)
         except PluginError as e:
             where = "" if flag == "--custom-rm-path" else f"{args.eval_config}: set {eval_set.name!r}: "
             raise ConfigError(flag, f"{where}{e}") from e
-        args.eval_sets[i] = dataclasses.replace(eval_set, custom_rm_path=resolved)
 
 
-def _check_plugins(args: argparse.Namespace) -> None:
+def check_plugins(args: argparse.Namespace) -> None:
     # Only paths the user set are imported: the default rollout function is slime's own and
     # importing it would pull in torch here, before anything starts.
     defaults = {"--rollout-function-path": DEFAULT_ROLLOUT_FUNCTION_PATH}
@@ -870,15 +717,13 @@ def _check_plugins(args: argparse.Namespace) -> None:
             target = check_plugin(flag, path)
         except PluginError as e:
             raise ConfigError(flag, str(e)) from e
-        setattr(args, dest, resolve_path(flag, path))
         if flag == "--custom-rm-path":
-            _check_reward_model_path(args, target)
-    _check_reward_model_flags(args)
+            _check_reward_model_path(args, target, resolve_path(flag, path))
 
 
-def _check_reward_model_flags(args: argparse.Namespace) -> None:
+def check_reward_model_flags(args: argparse.Namespace) -> None:
     """``--custom-rm-model-path`` and ``--rm-batch-size`` reach only a reward-model class (the flag's or
-    an eval set's); without one they would be ignored in silence."""
+    an eval set's); without one they would be ignored in silence. Reads the resolved plugin paths."""
     paths = {args.custom_rm_path, *(eval_set.custom_rm_path for eval_set in args.eval_sets)} - {None}
     if any(inspect.isclass(load_function(path)) for path in paths):
         return
@@ -891,11 +736,11 @@ def _check_reward_model_flags(args: argparse.Namespace) -> None:
             )
 
 
-def _check_reward_model_path(args: argparse.Namespace, target: object) -> None:
+def _check_reward_model_path(args: argparse.Namespace, target: object, shown: str) -> None:
     """A reward-model class whose constructor needs ``model_path`` gets it from ``--custom-rm-model-path``;
-    without the flag it would fail in every rollout process, so it is refused here."""
+    without the flag it would fail in every rollout process, so it is refused here (``shown`` names it)."""
     if inspect.isclass(target) and args.custom_rm_model_path is None and reward_model_needs_path(target):
         raise ConfigError(
             "--custom-rm-model-path",
-            f"required by the reward-model class {args.custom_rm_path} (its constructor takes model_path)",
+            f"required by the reward-model class {shown} (its constructor takes model_path)",
         )

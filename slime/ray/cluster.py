@@ -6,7 +6,6 @@ scheduling are exactly those of a GPU cluster.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ipaddress
 import os
@@ -20,36 +19,13 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from slime.ray.critic import critic_gpus
+from slime.config.settings.cluster import ClusterSettings
 from slime.ray.errors import RayClusterUnreachable
 from slime.utils.device import has_gpu
 from slime.utils.http import ENGINE_API_KEY_ENV
 
 
-def trainer_gpus(args: argparse.Namespace) -> int:
-    """GPUs of the trainer group; none with --debug-rollout-only, which starts no trainer."""
-    return 0 if args.debug_rollout_only else args.actor_num_nodes * args.actor_num_gpus_per_node
-
-
-# Under --colocate a trainer rank and an engine hold the same bundle's GPU, so each asks for a share
-# of it (Ray still gives both that GPU's CUDA_VISIBLE_DEVICES); the shares leave room for small probes.
-COLOCATED_GPU_SHARE = {"trainer": 0.4, "engine": 0.2}
-
-
-def actor_gpus(args: argparse.Namespace, role: str) -> float:
-    """The ``num_gpus`` a trainer or engine actor requests on its bundle: all of it, or a colocated share."""
-    return COLOCATED_GPU_SHARE[role] if args.colocate else 1
-
-
-def total_gpus(args: argparse.Namespace) -> int:
-    """Bundles the run needs: trainers and engines share them when colocated; PPO's critic has its own."""
-    rollout = 0 if args.debug_train_only else (args.rollout_num_gpus or 0)
-    if args.colocate:
-        return max(trainer_gpus(args), rollout) + critic_gpus(args)
-    return trainer_gpus(args) + rollout + critic_gpus(args)
-
-
-def start_ray(args: argparse.Namespace) -> None:
+def start_ray(cluster: ClusterSettings) -> None:
     """Joins ``--ray-address`` (else ``RAY_ADDRESS``, which ``ray job submit`` sets) or starts a cluster
     of the run's own (with logical GPUs when there are none).
 
@@ -66,13 +42,13 @@ def start_ray(args: argparse.Namespace) -> None:
     """
     if ray.is_initialized():
         return
-    flag, address = "--ray-address", args.ray_address
+    flag, address = "--ray-address", cluster.ray_address
     if not address:
         flag, address = "RAY_ADDRESS", os.environ.get("RAY_ADDRESS")
     if address:  # an unreachable cluster is one line, before this process's environment changes
         check_reachable(address, flag)
-    loopback = not address and all(is_loopback(addr) for addr in args.rollout_external_engine_addrs or [])
-    key = run_api_key(args, loopback)
+    loopback = not address and all(is_loopback(addr) for addr in cluster.external_engine_addrs)
+    key = run_api_key(cluster.engine_api_key, loopback)
     env_vars = {ENGINE_API_KEY_ENV: key} if key else {}
     if key:
         os.environ[ENGINE_API_KEY_ENV] = key
@@ -85,13 +61,13 @@ def start_ray(args: argparse.Namespace) -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if loopback and "GLOO_SOCKET_IFNAME" not in os.environ:  # else gloo listens on the hostname's address
         env_vars["GLOO_SOCKET_IFNAME"] = "lo"
-    num_gpus = None if has_gpu() else total_gpus(args)
+    num_gpus = None if has_gpu() else cluster.total_gpus
     with _on_loopback() if loopback else contextlib.nullcontext():
         ray.init(
             address="local",
             num_gpus=num_gpus,
             include_dashboard=False,
-            logging_level="warning",
+            logging_level="warning",  # type: ignore[arg-type]  # ray also takes a level name
             log_to_driver=True,
             runtime_env={"env_vars": env_vars} if env_vars else None,
             _node_ip_address="127.0.0.1" if loopback else None,
@@ -109,15 +85,14 @@ def is_loopback(addr: str) -> bool:
         return False
 
 
-def run_api_key(args: argparse.Namespace, loopback: bool) -> str | None:
-    """The run's engine key: ``--sglang-api-key`` when given (external engines expect theirs), else a
-    new secret for a run that other hosts can reach, else None (a run on loopback only).
+def run_api_key(given: str | None, loopback: bool) -> str | None:
+    """The run's engine key: ``given`` (``--sglang-api-key``; external engines expect theirs), else a new
+    secret for a run that other hosts can reach, else None (a run on loopback only).
 
     Hex, not ``token_urlsafe``: a key that starts with ``-`` would be read as a flag by the servers'
     argument parsers."""
-    given = (args.sglang_server_args or {}).get("api_key")
     if given:
-        return str(given)
+        return given
     return None if loopback else secrets.token_hex(32)
 
 

@@ -17,12 +17,12 @@ an error), and without the probes a hung engine would hold the run for good.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import threading
 import time
 from collections.abc import Callable
 
+from slime.config.settings.fault_tolerance import FaultToleranceSettings
 from slime.ray.engine_health import EngineHealth, EngineState, HealthMonitor
 from slime.ray.engines import ADD_FAULT_TOLERANCE, EnginePool, engine_problem
 from slime.rollout.errors import EngineFailure
@@ -40,17 +40,20 @@ class _ProbedEngines:
     flags say; what a failure does is the subclass's ``_on_failure``."""
 
     def __init__(
-        self, args: argparse.Namespace, pool: EnginePool, clock: Callable[[], float] = time.monotonic
+        self,
+        fault_tolerance: FaultToleranceSettings,
+        pool: EnginePool,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.pool, self.clock = pool, clock
-        self.timeout_s = args.rollout_health_check_timeout
+        self.timeout_s = fault_tolerance.health_check_timeout_s
         self.engines = [EngineHealth(rank, url) for rank, url in enumerate(pool.urls)]
         self.monitor = HealthMonitor(
             self.engines,
             self._probe,
             self._on_failure,
-            interval_s=args.rollout_health_check_interval,
-            first_wait_s=args.rollout_health_check_first_wait,
+            interval_s=fault_tolerance.health_check_interval_s,
+            first_wait_s=fault_tolerance.health_check_first_wait_s,
             clock=clock,
         )
 
@@ -91,9 +94,12 @@ class EngineWatch(_ProbedEngines):
     """
 
     def __init__(
-        self, args: argparse.Namespace, pool: EnginePool, clock: Callable[[], float] = time.monotonic
+        self,
+        fault_tolerance: FaultToleranceSettings,
+        pool: EnginePool,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        super().__init__(args, pool, clock)
+        super().__init__(fault_tolerance, pool, clock)
         self.failure: EngineFailure | None = None
 
     def _on_failure(self, engine: EngineHealth, reason: str) -> None:
@@ -113,12 +119,12 @@ class EngineRecovery(_ProbedEngines):
 
     def __init__(
         self,
-        args: argparse.Namespace,
+        fault_tolerance: FaultToleranceSettings,
         pool: EnginePool,
         router: Router,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        super().__init__(args, pool, clock)
+        super().__init__(fault_tolerance, pool, clock)
         self.router = router
         self._lock = threading.Lock()
 

@@ -13,26 +13,25 @@ Both speak the same HTTP protocol, so nothing after start-up knows which one it 
 
 from __future__ import annotations
 
-import argparse
 import logging
 import signal
 import time
-import urllib.error
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import ray
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from slime.backends import resolve_backend
 from slime.backends.engine_server import EngineServer, start_engine_server
-from slime.ray.cluster import BundleLocation, actor_gpus, by_node_and_gpu, locate_bundles
+from slime.config.settings.cluster import ClusterSettings
+from slime.config.settings.rollout import EngineSettings
+from slime.config.settings.weight_sync import WeightSyncSettings
+from slime.engine_client import control, health
+from slime.engine_client.protocol import server_info
+from slime.ray.cluster import BundleLocation, by_node_and_gpu, locate_bundles
 from slime.rollout.errors import EngineFailure
-from slime.utils.http import HttpError, ServerStartError, free_port, get_json, post_json_sync, request_json
-from slime.weight_sync.settings import WeightSyncSettings
+from slime.utils.http import HttpError, ServerStartError, free_port
 
 logger = logging.getLogger(__name__)
 
@@ -73,16 +72,7 @@ def engine_problem(
     ended = [code for code in exit_codes if code is not None]
     if ended:
         return exit_description(ended[0])
-    path = "/health_generate" if generate else "/model_info"
-    try:
-        request_json("GET", f"{url}{path}", timeout=timeout_s)
-    except HttpError as exc:
-        return f"answered GET {path} with HTTP {exc.status}"
-    except (TimeoutError, urllib.error.URLError) as exc:
-        if isinstance(exc, TimeoutError) or isinstance(exc.reason, TimeoutError):
-            return f"did not answer GET {path} within {timeout_s:.0f} s"
-        return f"refused GET {path} ({exc.reason})"
-    return None
+    return health.probe(url, timeout_s, generate)
 
 
 def engine_failure(pool: EnginePool, timeout_s: float, recovering: bool) -> EngineFailure | None:
@@ -112,7 +102,7 @@ def external_engine_url(addr: str, weight_sync: WeightSyncSettings) -> str:
     ``/get_server_info`` shows it can take this run's weights."""
     url = addr if addr.startswith("http") else f"http://{addr}"
     try:
-        info = get_json(f"{url}/get_server_info", timeout=30)
+        info = server_info(url)
     except (OSError, HttpError) as exc:
         raise RuntimeError(f"--rollout-external-engine-addrs {addr}: no engine answers ({exc})") from None
     tp_size = int(info.get("tp_size", 1))
@@ -143,24 +133,21 @@ class EngineNode:
 
 
 def engine_command(
-    args: argparse.Namespace,
-    host: str,
-    port: int,
-    node: EngineNode,
-    *,
-    backend: str,
-    dist_init_addr: str | None = None,
+    engine: EngineSettings, host: str, port: int, node: EngineNode, *, dist_init_addr: str | None = None
 ) -> list[str]:
     """The one switch between the engine backends: the argv of ``node``'s server process."""
+    backend = engine.backend
     if backend == "torch":
         from slime.backends.torch_engine import launcher
 
-        return launcher.server_command(args, host, port, engine_rank=node.engine_rank, num_gpus=node.num_gpus)
+        return launcher.server_command(
+            engine, host, port, engine_rank=node.engine_rank, num_gpus=node.num_gpus
+        )
     if backend == "sglang":
         from slime.backends import sglang
 
         return sglang.server_command(
-            args,
+            engine,
             host,
             port,
             engine_rank=node.engine_rank,
@@ -205,14 +192,14 @@ def plan_engine_nodes(
     return engines
 
 
-@ray.remote(num_gpus=1, max_concurrency=2)
+@ray.remote(num_gpus=1, max_concurrency=2)  # type: ignore[call-overload]  # ray's stub lacks max_concurrency
 class EngineActor:
     """One engine (or one node of a multi-node engine): starts its server on this node, reports the
     URL, stops it on ``shutdown``. Two calls at a time, so ``exit_code`` answers while ``start`` waits
     for the server (an engine busy starting is not a dead actor)."""
 
-    def __init__(self, args: argparse.Namespace, node: EngineNode, log_dir: str) -> None:
-        self.args, self.node = args, node
+    def __init__(self, engine: EngineSettings, node: EngineNode, log_dir: str) -> None:
+        self.settings, self.node = engine, node
         self.rank = node.engine_rank
         suffix = f"_node{node.node_rank}" if node.nnodes > 1 else ""
         self.log_path = Path(log_dir) / f"engine_{self.rank}{suffix}.log"
@@ -227,11 +214,10 @@ class EngineActor:
 
         Nodes other than an engine's first answer ``/health_generate`` once their ranks joined it.
         """
-        backend = resolve_backend(self.args)
-        node = self.node
+        backend, node = self.settings.backend, self.node
 
         def command(host: str, port: int) -> list[str]:
-            return engine_command(self.args, host, port, node, backend=backend, dist_init_addr=dist_init_addr)
+            return engine_command(self.settings, host, port, node, dist_init_addr=dist_init_addr)
 
         env: dict[str, str] = {}
         if node.gpu_ids:  # all the engine's GPUs on this node, not only the actor's own
@@ -266,9 +252,14 @@ class EnginePool:
     """
 
     def __init__(
-        self, args: argparse.Namespace, pg: PlacementGroup, bundle_indices: list[int], log_dir: str
+        self,
+        engine: EngineSettings,
+        cluster: ClusterSettings,
+        pg: PlacementGroup,
+        bundle_indices: list[int],
+        log_dir: str,
     ) -> None:
-        per_engine = args.rollout_num_gpus_per_engine
+        per_engine = engine.num_gpus_per_engine
         if len(bundle_indices) % per_engine:
             raise ValueError(
                 f"{len(bundle_indices)} rollout bundles do not split into engines of "
@@ -276,15 +267,15 @@ class EnginePool:
             )
         from slime.utils.device import engine_env
 
-        self.args, self.pg, self.log_dir = args, pg, log_dir
+        self.settings, self.cluster, self.pg, self.log_dir = engine, cluster, pg, log_dir
         num_engines = len(bundle_indices) // per_engine
-        per_node = max(1, min(num_engines, args.num_gpus_per_node // per_engine))
+        per_node = max(1, min(num_engines, engine.num_gpus_per_node // per_engine))
         self._env = engine_env(engines_per_node=per_node)
         if per_engine == 1:  # one bundle per engine: nothing to group, no need to locate bundles
             self.engines = [[EngineNode(rank, 1, index)] for rank, index in enumerate(bundle_indices)]
         else:
             locations = locate_bundles(pg, bundle_indices)
-            self.engines = plan_engine_nodes(locations, per_engine, args.num_gpus_per_node)
+            self.engines = plan_engine_nodes(locations, per_engine, engine.num_gpus_per_node)
         self.nodes = [node for engine in self.engines for node in engine]
         self.actors = [self._actor(node) for node in self.nodes]
         self.urls: list[str] = []
@@ -293,14 +284,15 @@ class EnginePool:
         self._restarting: dict[int, float] = {}  # rank -> when its restart began (time.monotonic)
 
     def _actor(self, node: EngineNode):
-        return EngineActor.options(
+        # ray types an @ray.remote class as the class itself, without .options
+        return EngineActor.options(  # type: ignore[attr-defined]
             num_cpus=0,
-            num_gpus=actor_gpus(self.args, "engine"),  # a share of the GPU under --colocate
+            num_gpus=self.cluster.actor_gpus("engine"),  # a share of the GPU under --colocate
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 self.pg, placement_group_bundle_index=node.bundle_index
             ),
             runtime_env={"env_vars": self._env},
-        ).remote(self.args, node, self.log_dir)
+        ).remote(self.settings, node, self.log_dir)
 
     def start(self, timeout_s: float = DEFAULT_START_TIMEOUT_S) -> list[str]:
         """Starts every engine; the first failure stops them all and raises ``EngineStartError``.
@@ -413,24 +405,12 @@ class EnginePool:
     def pids(self) -> list[int | None]:
         return ray.get([actor.pid.remote() for actor in self.actors])
 
-    def post_all(
-        self,
-        path: str,
-        payload: dict[str, Any] | None = None,
-        timeout: float = 60.0,
-        urls: list[str] | None = None,
-    ) -> list:
-        """The same POST to every engine (or to ``urls``), in parallel; answers in that order."""
-        targets = self.urls if urls is None else urls
-        with ThreadPoolExecutor(max_workers=max(1, len(targets))) as pool:
-            return list(pool.map(lambda url: post_json_sync(f"{url}{path}", payload, timeout), targets))
-
     def pause(self, mode: str = "abort", urls: list[str] | None = None) -> None:
-        """``/pause_generation`` on every engine (SGLang modes: abort, retract, in_place)."""
-        self.post_all("/pause_generation", {"mode": mode}, urls=urls)
+        """``/pause_generation`` on every engine (or on ``urls``; SGLang modes: abort, retract, in_place)."""
+        control.pause(self.urls if urls is None else urls, mode)
 
     def resume(self, urls: list[str] | None = None) -> None:
-        self.post_all("/continue_generation", urls=urls)
+        control.resume(self.urls if urls is None else urls)
 
     def _stop(self, actors: list, grace_s: float = 60.0) -> None:
         refs = [actor.shutdown.remote() for actor in actors]

@@ -11,7 +11,6 @@ It is 0 in the synchronous loop and at most ``--async-buffer-size`` in the overl
 
 from __future__ import annotations
 
-import argparse
 import logging
 import time
 from typing import Any
@@ -19,8 +18,8 @@ from typing import Any
 import ray
 
 from slime.ray.debug_data import load_rollout_data, save_rollout_data
-from slime.ray.rollout_manager import METRICS_KEY
 from slime.ray.session import TrainingSession
+from slime.rollout.train_data import METRICS_KEY
 from slime.utils.metrics import MetricsLogger
 
 logger = logging.getLogger("slime")
@@ -30,7 +29,9 @@ TrainData = dict[str, Any]
 
 def should_run(interval: int | None, rollout_id: int, num_rollout: int) -> bool:
     """True every ``interval`` rollouts and after the last one; never when ``interval`` is unset."""
-    return bool(interval) and ((rollout_id + 1) % interval == 0 or rollout_id + 1 == num_rollout)
+    if not interval:
+        return False
+    return (rollout_id + 1) % interval == 0 or rollout_id + 1 == num_rollout
 
 
 def mean_over_steps(step_metrics: list[dict[str, float]]) -> dict[str, float]:
@@ -58,11 +59,12 @@ def oldest_weight_version(weight_versions: list[list[str]]) -> int | None:
 class RolloutLoop:
     """Generate, train, save, push, evaluate, log: each step once, for either loop to call in its order."""
 
-    def __init__(self, args: argparse.Namespace, session: TrainingSession) -> None:
-        self.args, self.session = args, session
+    def __init__(self, session: TrainingSession) -> None:
+        """``session`` started: it settled the run's length (``--num-epoch`` counts it from the data)."""
+        self.session, self.settings = session, session.settings.loop
         # Every rollout before the resumed one was trained once; the checkpoint holds that count.
         self.version = 1 + session.start_rollout_id if session.trainer is not None else 1
-        self.metrics_logger = MetricsLogger(args)
+        self.metrics_logger = MetricsLogger(session.settings.metrics)
         self._step_start = time.perf_counter()
         self.trained: int | None = None  # the last rollout this session trained on
         self.saved: int | None = None  # the last rollout this session checkpointed
@@ -81,15 +83,21 @@ class RolloutLoop:
             self.save_before_stopping()
         self.metrics_logger.close()
 
+    @property
+    def num_rollout(self) -> int:
+        """The run's length (``--num-rollout``, or counted from ``--num-epoch`` by the session)."""
+        assert self.settings.num_rollout is not None  # the session settled it before the loop
+        return self.settings.num_rollout
+
     def rollout_ids(self) -> range:
-        return range(self.session.start_rollout_id, self.args.num_rollout)
+        return range(self.session.start_rollout_id, self.num_rollout)
 
     def start(self) -> None:
         """Engines take the trainer's weights (they differ after ``--load``); evaluation before training."""
-        args, session = self.args, self.session
+        settings, session = self.settings, self.session
         session.push_weights(self.version)
         session.hand_gpus_to_engines()  # --colocate: the trainer's state leaves the GPUs it shares
-        if args.eval_interval and not args.skip_eval_before_train:
+        if settings.eval_interval and not settings.skip_eval_before_train:
             rollout_id = session.start_rollout_id - 1
             self.metrics_logger.log(rollout_id, ray.get(session.rollout.eval.remote(rollout_id)))
         self._step_start = time.perf_counter()
@@ -102,16 +110,16 @@ class RolloutLoop:
         When a checkpoint is due, the prompt position is saved right here, after this rollout's
         prompts were taken: a loop that generates ahead has taken later ones by the time it trains.
         """
-        args = self.args
+        settings = self.settings
         start = time.perf_counter()
-        if args.load_debug_rollout_data:
-            data = load_rollout_data(args.load_debug_rollout_data.format(rollout_id=rollout_id))
+        if settings.load_debug_rollout_data:
+            data = load_rollout_data(settings.load_debug_rollout_data.format(rollout_id=rollout_id))
         else:
             data = ray.get(self.session.rollout.generate.remote(rollout_id))
         data[METRICS_KEY]["perf/rollout_time"] = time.perf_counter() - start
-        if args.save_debug_rollout_data:
-            save_rollout_data(data, args.save_debug_rollout_data.format(rollout_id=rollout_id))
-        if should_run(args.save_interval, rollout_id, args.num_rollout):
+        if settings.save_debug_rollout_data:
+            save_rollout_data(data, settings.save_debug_rollout_data.format(rollout_id=rollout_id))
+        if self._due(settings.save_interval, rollout_id):
             ray.get(self.session.rollout.save.remote(rollout_id))
         return data
 
@@ -119,7 +127,7 @@ class RolloutLoop:
         """Trains on one rollout (not with ``--debug-rollout-only``); the rollout's metrics."""
         metrics = data.pop(METRICS_KEY)
         oldest = oldest_weight_version(data.get("weight_versions", []))
-        if oldest is not None and not self.args.load_debug_rollout_data:
+        if oldest is not None and not self.settings.load_debug_rollout_data:
             metrics["rollout/staleness"] = float(self.version - oldest)
         if self.session.trainer is None:
             return metrics
@@ -132,9 +140,7 @@ class RolloutLoop:
 
     def save(self, rollout_id: int) -> None:
         """The trainer's checkpoint when ``--save-interval`` says so (the prompt position: ``generate``)."""
-        if self.session.trainer is not None and should_run(
-            self.args.save_interval, rollout_id, self.args.num_rollout
-        ):
+        if self.session.trainer is not None and self._due(self.settings.save_interval, rollout_id):
             self.session.trainer.save(rollout_id)
             self.saved = rollout_id
 
@@ -144,7 +150,7 @@ class RolloutLoop:
         written first: a checkpoint without one would make ``--load`` start the data over from the
         first prompt. Best effort: a trainer that is gone cannot save, and that is only logged."""
         rollout_id = self.trained
-        if not self.args.save or self.session.trainer is None or rollout_id in (None, self.saved):
+        if not self.settings.save or self.session.trainer is None or rollout_id in (None, self.saved):
             return
         try:
             ray.get(self.session.rollout.save_position_after.remote(rollout_id), timeout=300)
@@ -154,13 +160,15 @@ class RolloutLoop:
             return
         self.saved = rollout_id
         logger.info(
-            "checkpointed rollout %d before stopping; --load %s continues there", rollout_id, self.args.save
+            "checkpointed rollout %d before stopping; --load %s continues there",
+            rollout_id,
+            self.settings.save,
         )
 
     def push_due(self, rollout_id: int) -> bool:
         """Whether the weights go to the engines after this rollout (``--update-weights-interval``)."""
         trains = self.session.trainer is not None
-        return trains and should_run(self.args.update_weights_interval, rollout_id, self.args.num_rollout)
+        return trains and self._due(self.settings.update_weights_interval, rollout_id)
 
     def push_weights(self) -> dict[str, float]:
         start = time.perf_counter()
@@ -169,15 +177,18 @@ class RolloutLoop:
 
     def finish(self, rollout_id: int, metrics: dict[str, float]) -> None:
         """Evaluation when due, then the rollout's metrics with its wall-clock ``perf/step_time``."""
-        if should_run(self.args.eval_interval, rollout_id, self.args.num_rollout):
+        if self._due(self.settings.eval_interval, rollout_id):
             metrics.update(ray.get(self.session.rollout.eval.remote(rollout_id)))
         now = time.perf_counter()
         metrics["perf/step_time"] = now - self._step_start
         self._step_start = now
         self.metrics_logger.log(rollout_id, metrics)
 
+    def _due(self, interval: int | None, rollout_id: int) -> bool:
+        return should_run(interval, rollout_id, self.num_rollout)
+
     def close(self) -> None:
         """After the last rollout: the HF export (``--save-hf``) and the logger's last flush."""
-        if self.args.save_hf and self.session.trainer is not None:
-            logger.info("HF checkpoint written to %s", self.session.trainer.save_hf(self.args.save_hf))
+        if self.settings.save_hf and self.session.trainer is not None:
+            logger.info("HF checkpoint written to %s", self.session.trainer.save_hf(self.settings.save_hf))
         self.metrics_logger.close()

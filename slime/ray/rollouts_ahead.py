@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from slime.ray.rollout_manager import METRICS_KEY
+from slime.rollout.train_data import METRICS_KEY
 
 
 class RolloutsAhead:
@@ -76,6 +76,7 @@ class RolloutsAhead:
         with self._cond:
             self._cond.wait_for(lambda: rollout_id in self._ready or self._error is not None)
             if rollout_id not in self._ready:
+                assert self._error is not None  # what wait_for returned on
                 raise self._error
             data = self._ready.pop(rollout_id)
             self._cond.notify_all()

@@ -1,4 +1,4 @@
-"""Killing a trainer rank on purpose, for the trainer-failure tests (``tests/test_trainer_failures.py``).
+"""Killing a trainer rank on purpose, for the trainer-failure tests (``tests/e2e/test_trainer_failures.py``).
 
 Real ranks die of OOM, NCCL errors or lost nodes; the tests need one that dies at a chosen rollout of
 a ``train.py`` run they start as a subprocess, so the kill is armed by that run's environment:

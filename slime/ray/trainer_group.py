@@ -16,7 +16,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.util.placement_group import PlacementGroup
@@ -24,13 +24,19 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from slime.backends.megatron.batching import TrainData, check_token_budget
 from slime.backends.megatron.policy_inputs import DataParallel, PolicyInputs, step_shard
-from slime.ray.cluster import actor_gpus
+from slime.config.settings.cluster import COLOCATED_GPU_SHARE
+from slime.config.settings.trainer import TrainerSettings
+from slime.config.settings.weight_sync import WeightSyncSettings
+from slime.config.slime_train_args import TRAINER_CALL_TIMEOUT_S
+from slime.engine_client.calls import EngineCallError
 from slime.ray.errors import TrainerFailure
 from slime.ray.trainer_faults import TrainerKill
 from slime.utils.device import import_megatron_core, worker_env
 from slime.utils.http import free_port
-from slime.weight_sync.engine_client import EngineCallError
-from slime.weight_sync.settings import WeightSyncSettings
+
+if TYPE_CHECKING:  # Megatron is imported inside the actor only
+    from slime.backends.megatron.trainer import MegatronTrainer
+    from slime.weight_sync.transport import WeightUpdater
 
 logger = logging.getLogger(__name__)
 
@@ -40,14 +46,32 @@ class TrainerActor:
     """One trainer rank. Megatron is imported inside the actor, never on the driver."""
 
     def __init__(
-        self, args: argparse.Namespace, rank: int, world_size: int, kill: TrainerKill | None = None
+        self,
+        settings: TrainerSettings,
+        weight_sync: WeightSyncSettings,
+        plugin_args: argparse.Namespace,
+        rank: int,
+        world_size: int,
+        kill: TrainerKill | None = None,
     ) -> None:
-        """``kill``: the trainer-failure tests' fault (``slime.ray.trainer_faults``); None in a real run."""
-        self.args, self.rank, self.world_size = args, rank, world_size
+        """``plugin_args``: the run's namespace, for the custom loss and advantage plugins only. ``kill``:
+        the trainer-failure tests' fault (``slime.ray.trainer_faults``); None in a real run."""
+        self.settings, self.weight_sync, self.plugin_args = settings, weight_sync, plugin_args
+        self.rank, self.world_size = rank, world_size
         self.kill = kill
-        self.trainer = None
-        self.updater = None
+        self.trainer: MegatronTrainer | None = None
+        self.updater: WeightUpdater | None = None
         self.policy_inputs: PolicyInputs | None = None
+
+    @property
+    def _trainer(self) -> MegatronTrainer:
+        assert self.trainer is not None, "init() builds the trainer first"
+        return self.trainer
+
+    @property
+    def _policy_inputs(self) -> PolicyInputs:
+        assert self.policy_inputs is not None, "init() builds the policy inputs first"
+        return self.policy_inputs
 
     def node_ip(self) -> str:
         return ray.util.get_node_ip_address()
@@ -61,19 +85,21 @@ class TrainerActor:
         from slime.backends.megatron.trainer import MegatronTrainer
 
         with self._memory_region("weights"):
-            self.trainer = MegatronTrainer(self.args, self.rank, self.world_size, master_addr, master_port)
-        self.policy_inputs = PolicyInputs(self.args, DataParallel.of_megatron(self.trainer.device))
-        if self.args.load:
-            return self.trainer.load(self.args.load)
-        return None
+            trainer = self.trainer = MegatronTrainer(
+                self.settings, self.plugin_args, self.rank, self.world_size, master_addr, master_port
+            )
+        dp = DataParallel.of_megatron(trainer.device)
+        self.policy_inputs = PolicyInputs(self.settings, dp, self.plugin_args)
+        load = self.settings.checkpoint.load
+        return trainer.load(load) if load else None
 
-    def compute_log_probs(self, data: TrainData, temperature: float | None) -> tuple[int, list] | None:
+    def compute_log_probs(self, data: TrainData) -> tuple[int, list] | None:
         """``(data-parallel rank, log-probs of its shard)`` from one reporting rank per shard, else None."""
         from megatron.core import parallel_state as mpu
 
-        dp = self.policy_inputs.dp
+        dp = self._policy_inputs.dp
         shard = step_shard(data, 0, 1, dp.rank, dp.size)
-        log_probs = self.trainer.compute_log_probs(shard, temperature)
+        log_probs = self._trainer.compute_log_probs(shard)
         reporting = mpu.get_tensor_model_parallel_rank() == 0 and mpu.get_context_parallel_rank() == 0
         return (dp.rank, log_probs) if log_probs is not None and reporting else None
 
@@ -85,31 +111,31 @@ class TrainerActor:
         metrics carry ``perf/train_log_probs_time``, the seconds that preparation took once per rollout."""
         if self.kill is not None:
             self.kill.before_training(rollout_id, data)
-        if self.trainer.memory.offloaded:
+        if self._trainer.memory.offloaded:
             raise RuntimeError("the trainer's memory is offloaded (--colocate); onload it before training")
         with self._memory_region("train_state"):  # Adam's state is created at the first step
             start = time.perf_counter()
             shards = self._step_shards(data)
             prepared = {"perf/train_log_probs_time": time.perf_counter() - start}
             if not update_policy:
-                lr = self.trainer.optimizer.param_groups[0]["lr"]
+                lr = self._trainer.optimizer.param_groups[0]["lr"]
                 return [{"lr": lr, "skipped": 1.0, **prepared} for _ in shards]
-            return [{**self.trainer.train_step(shard), **prepared} for shard in shards]
+            return [{**self._trainer.train_step(shard), **prepared} for shard in shards]
 
     def _memory_region(self, tag: str):
         """Under --colocate, allocations inside can be offloaded as ``tag`` (torch_memory_saver on GPU)."""
         from slime.utils.memory import memory_region
 
-        return memory_region(tag) if self.args.colocate else contextlib.nullcontext()
+        return memory_region(tag) if self.settings.colocate else contextlib.nullcontext()
 
     def offload(self, tags: list[str]) -> int:
-        return self.trainer.memory.offload(tags)
+        return self._trainer.memory.offload(tags)
 
     def onload(self, tags: list[str]) -> int:
-        return self.trainer.memory.onload(tags)
+        return self._trainer.memory.onload(tags)
 
     def memory_events(self) -> list:
-        return list(self.trainer.memory.events)
+        return list(self._trainer.memory.events)
 
     def returns(self) -> list[tuple[int, list[float]]] | None:
         """``(position in the rollout, GAE returns)`` of this rank's samples of the last PPO rollout, from
@@ -117,52 +143,53 @@ class TrainerActor:
         from megatron.core import parallel_state as mpu
 
         reporting = mpu.get_tensor_model_parallel_rank() == 0 and mpu.get_context_parallel_rank() == 0
-        return self.policy_inputs.returns if reporting else None
+        return self._policy_inputs.returns if reporting else None
 
     def _step_shards(self, data: TrainData) -> list[TrainData]:
         """This rank's shard of every optimizer step, with the policy loss's inputs when it needs them."""
-        shards = self.policy_inputs.shards(data)
-        if self.policy_inputs.trains_policy:
-            self.trainer.add_policy_inputs(shards)
-            self.policy_inputs.complete(data, shards)
+        shards = self._policy_inputs.shards(data)
+        if self._policy_inputs.trains_policy:
+            self._trainer.add_policy_inputs(shards)
+            self._policy_inputs.complete(data, shards)
         return shards
 
     def hf_state_dict(self) -> dict | None:
         with self._on_device(["weights"]):
-            return self.trainer.hf_state_dict()
+            return self._trainer.hf_state_dict(self.weight_sync.bucket_bytes)
 
     @contextlib.contextmanager
     def _on_device(self, tags: list[str]):
         """Brings offloaded groups back for a call (a save between colocated rollouts), then offloads them."""
-        back = [tag for tag in tags if self.trainer.memory.is_offloaded(tag)]
-        self.trainer.memory.onload(back)
+        back = [tag for tag in tags if self._trainer.memory.is_offloaded(tag)]
+        self._trainer.memory.onload(back)
         try:
             yield
         finally:
-            self.trainer.memory.offload(back)
+            self._trainer.memory.offload(back)
 
     def micro_batch_count(self) -> int:
         """Micro-batches this rank ran in its last forward/backward pass."""
-        return self.trainer.num_micro_batches
+        return self._trainer.num_micro_batches
 
-    def connect_engines(self, engine_urls: list[str], settings: WeightSyncSettings) -> None:
+    def connect_engines(self, engine_urls: list[str]) -> None:
         from slime.weight_sync.transport import build_weight_updater
 
         if self.updater is not None:  # engines restarted under --use-fault-tolerance: new URLs, new groups
             self.updater.disconnect(best_effort=True)
-        self.updater = build_weight_updater(settings, self.trainer)
-        self.updater.connect(engine_urls)
+        updater = self.updater = build_weight_updater(self.weight_sync, self._trainer)
+        updater.connect(engine_urls)
 
     def update_weights(self, weight_version: str) -> dict[str, float]:
+        assert self.updater is not None, "connect_engines() first"
         return self.updater.update(weight_version)
 
     def save(self, directory: str, rollout_id: int) -> str:
         with self._on_device(["weights", "train_state"]):
-            return self.trainer.save(directory, rollout_id)
+            return self._trainer.save(directory, rollout_id)
 
     def save_hf(self, directory: str) -> str | None:
         with self._on_device(["weights"]):
-            return self.trainer.save_hf(directory)
+            return self._trainer.save_hf(directory, self.weight_sync.bucket_bytes)
 
     def close(self) -> None:
         if self.updater is not None:
@@ -174,35 +201,47 @@ class TrainerActor:
 class TrainerGroup:
     """The trainer world: one actor per bundle, initialised together, called together.
 
-    With ``critic`` (``--advantage-estimator ppo``; a second group of the same class, see
-    ``slime.ray.critic``) this group drives both: the critic values the rollout, the actor computes GAE
-    from those values and trains the policy (not during the first ``--num-critic-only-steps``
-    rollouts), then the critic trains on the returns. ``init``, ``save`` and ``shutdown`` cover both.
+    With ``critic`` (``--advantage-estimator ppo``; a second group of the same class, built from
+    ``slime.config.settings.trainer.critic_settings``) this group drives both: the critic values the
+    rollout, the actor computes GAE from those values and trains the policy (not during the first
+    ``--num-critic-only-steps`` rollouts), then the critic trains on the returns. ``init``, ``save``
+    and ``shutdown`` cover both.
+
+    ``weight_sync``: how ``update_weights`` reaches the engines, and the bucket size of ``save_hf``;
+    ``plugin_args``: the run's namespace, for the custom loss and advantage plugins only;
+    ``call_timeout_s``: ``FaultToleranceSettings.trainer_call_timeout_s`` (0: no limit).
     """
 
     def __init__(
         self,
-        args: argparse.Namespace,
+        settings: TrainerSettings,
+        weight_sync: WeightSyncSettings,
+        plugin_args: argparse.Namespace,
         pg: PlacementGroup,
         bundle_indices: list[int],
         critic: TrainerGroup | None = None,
+        call_timeout_s: float = TRAINER_CALL_TIMEOUT_S,
     ) -> None:
-        self.args = args
+        self.settings = settings
+        self.call_timeout_s = call_timeout_s
         self.critic = critic
         self.next_rollout = 0
-        self.role = "critic" if args.loss_type == "value_loss" else "trainer"  # the name errors give it
+        self.role = "critic" if settings.is_critic else "trainer"  # the name errors give it
         self.nodes: list[str] = []  # each rank's node IP, once it answered
         self.failed = False  # a rank died, raised or went silent: the world cannot close cleanly
         world_size = len(bundle_indices)
         env = {"runtime_env": {"env_vars": worker_env(processes_per_node=world_size)}}
         kill = TrainerKill.from_env()  # armed by the trainer-failure tests only: the last rank dies
         self.actors = [
-            TrainerActor.options(
+            # ray types an @ray.remote class as the class itself, without .options
+            TrainerActor.options(  # type: ignore[attr-defined]
                 num_cpus=0,
-                num_gpus=actor_gpus(args, "trainer"),
+                num_gpus=COLOCATED_GPU_SHARE["trainer"] if settings.colocate else 1,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index),
                 **env,
-            ).remote(args, rank, world_size, kill if rank == world_size - 1 else None)
+            ).remote(
+                settings, weight_sync, plugin_args, rank, world_size, kill if rank == world_size - 1 else None
+            )
             for rank, index in enumerate(bundle_indices)
         ]
 
@@ -237,19 +276,19 @@ class TrainerGroup:
     def _wait(self, method: str, refs: list[ray.ObjectRef]) -> list:
         call = f"TrainerActor.{method}"
         try:
-            return wait_for_ranks(refs, call, self.args.trainer_call_timeout, self.role, self.nodes)
+            return wait_for_ranks(refs, call, self.call_timeout_s, self.role, self.nodes)
         except TrainerFailure:
             self.failed = True
             raise
 
     def train(self, data: TrainData) -> list[dict[str, float]]:
         """Trains on one rollout; returns rank 0's per-step metrics (already reduced over the world)."""
-        check_token_budget(data["tokens"], self.args.max_tokens_per_gpu)
+        check_token_budget(data["tokens"], self.settings.batch.max_tokens_per_gpu)
         rollout_id, self.next_rollout = self.next_rollout, self.next_rollout + 1
         if self.critic is None:
             return self._call("train", ray.put(data), rollout_id)[0]
         data = {**data, "values": self.critic.compute_values(data)}
-        update_policy = rollout_id >= self.args.num_critic_only_steps
+        update_policy = rollout_id >= self.settings.loss.num_critic_only_steps
         actor_metrics = self._call("train", ray.put(data), rollout_id, update_policy)[0]
         parts = sorted(item for part in self._call("returns") if part for item in part)
         if [position for position, _ in parts] != list(range(len(data["tokens"]))):
@@ -265,11 +304,11 @@ class TrainerGroup:
         that gives the actor's log-probs."""
         return self.compute_log_probs(data)
 
-    def compute_log_probs(self, data: TrainData, temperature: float | None = None) -> list:
-        """Response log-probs of every sample, in order (gathered from the last pipeline stage), at
-        ``temperature`` (default: the rollout's, as the trainer trains)."""
-        check_token_budget(data["tokens"], self.args.max_tokens_per_gpu)
-        results = self._call("compute_log_probs", ray.put(data), temperature)
+    def compute_log_probs(self, data: TrainData) -> list:
+        """Response log-probs of every sample, in order (gathered from the last pipeline stage), at the
+        temperature the trainer trains at (``TrainerSettings.temperature``)."""
+        check_token_budget(data["tokens"], self.settings.batch.max_tokens_per_gpu)
+        results = self._call("compute_log_probs", ray.put(data))
         shards = sorted(result for result in results if result is not None)
         return [log_prob for _, part in shards for log_prob in part]
 
@@ -277,17 +316,17 @@ class TrainerGroup:
         return self._call("hf_state_dict")[0]
 
     def save(self, rollout_id: int) -> str:
-        if self.critic is not None and self.critic.args.save:
+        if self.critic is not None and self.critic.settings.checkpoint.save:
             self.critic.save(rollout_id)
-        return self._call("save", self.args.save, rollout_id)[0]
+        return self._call("save", self.settings.checkpoint.save, rollout_id)[0]
 
     def save_hf(self, directory: str) -> str:
         """Exports the current weights as an HF checkpoint (transformers- and engine-loadable)."""
         return next(path for path in self._call("save_hf", directory) if path)
 
-    def connect_engines(self, engine_urls: list[str], settings: WeightSyncSettings) -> None:
+    def connect_engines(self, engine_urls: list[str]) -> None:
         """Opens the weight-update groups between the trainer and every engine (again after restarts)."""
-        self._call("connect_engines", engine_urls, settings)
+        self._call("connect_engines", engine_urls)
 
     def offload(self, tags: list[str]) -> int:
         """--colocate: moves ``weights`` and/or ``train_state`` off every rank's GPU; returns the bytes

@@ -43,6 +43,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from slime.config import ConfigError
+from slime.config.settings.data import DataSettings
 from slime.rollout.lazy_prompts import LazyPrompts, Outcome, Rejected, read_all
 from slime.rollout.prompt_files import DataError, PromptFormat
 from slime.rollout.prompt_index import PromptIndex
@@ -55,13 +56,14 @@ STATE_FORMAT = 1
 
 
 BufferFilter = Callable[[list[list[Sample]], int], list[list[Sample]]]
-"""``--buffer-filter-path`` bound to ``args``: ``(buffer, num_groups) -> the groups to serve from it``."""
+"""``--buffer-filter-path`` bound to the plugins' ``args``: ``(buffer, num_groups) -> the groups to
+serve from it``."""
 
 
 @runtime_checkable
 class DataSource(Protocol):
     """What a rollout needs from its data: ``PromptDataSource``, or a ``--data-source-path`` class
-    built as ``C(args)``."""
+    built as ``C(args)`` (the plugins' namespace)."""
 
     def get_samples(self, num_groups: int) -> list[list[Sample]]:
         """The next ``num_groups`` prompt groups (``--n-samples-per-prompt`` Samples each, fresh indices)."""
@@ -101,29 +103,31 @@ def rollouts_for_epochs(data_source: object, num_epoch: int, rollout_batch_size:
     return rollouts
 
 
-def make_data_source(args: argparse.Namespace, index: PromptIndex | None = None) -> DataSource:
-    """``--data-source-path``'s class built with ``args``, else prompts from ``--prompt-data`` (from
-    ``index`` when the driver already built it: ``check_streaming_data``)."""
-    if args.data_source_path is None:
-        return PromptDataSource.from_args(args, index)
+def make_data_source(
+    data: DataSettings, plugin_args: argparse.Namespace, index: PromptIndex | None = None
+) -> DataSource:
+    """``--data-source-path``'s class built with ``plugin_args``, else prompts from ``--prompt-data``
+    (from ``index`` when the driver already built it: ``check_streaming_data``)."""
+    if data.data_source_path is None:
+        return PromptDataSource.from_settings(data, plugin_args, index)
     from slime.utils.plugins import load_function
 
-    return load_function(args.data_source_path)(args)
+    source: DataSource = load_function(data.data_source_path)(plugin_args)
+    return source
 
 
-def check_streaming_data(args: argparse.Namespace) -> PromptIndex:
+def check_streaming_data(data: DataSettings) -> PromptIndex:
     """The driver's look at ``--prompt-data`` under ``--streaming-data``, before anything starts: the
     index pass (structure, slice, the record count ``--num-epoch`` needs) and, under
     ``--on-bad-prompt stop``, the fields of the first record (a wrong ``--input-key`` fails here, not
     at rollout 0). The other records are checked when served: a full parse would cost seconds per
     million records (README "Large prompt sets")."""
-    if args.prompt_data is None:
+    if data.prompt_data is None:
         raise DataError("--prompt-data is required to generate rollouts; pass a JSONL or Parquet file")
-    index = PromptIndex.build(args.prompt_data)
-    if args.on_bad_prompt == "stop":
-        fields_only = argparse.Namespace(**{**vars(args), "apply_chat_template": False})
-        fields_only.rollout_max_prompt_len = None  # no tokenizer in the driver
-        first = LazyPrompts(index, PromptFormat.from_args(fields_only))[0]
+    index = PromptIndex.build(data.prompt_data)
+    if data.stop_on_bad:
+        fields_only = PromptFormat.from_settings(data, tokenizer=False)  # no tokenizer in the driver
+        first = LazyPrompts(index, fields_only)[0]
         if isinstance(first, Rejected):
             raise DataError(first.message)
     return index
@@ -187,21 +191,24 @@ class PromptDataSource:
         self._fill_lookahead(prefetch)
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, index: PromptIndex | None = None) -> PromptDataSource:
-        """Build from parsed flags: --prompt-data, --*-key, --apply-chat-template, --rollout-* (the
-        file's ``index`` when given: a second pass over a large file costs about as much as the first)."""
-        if args.prompt_data is None:
+    def from_settings(
+        cls, data: DataSettings, plugin_args: argparse.Namespace, index: PromptIndex | None = None
+    ) -> PromptDataSource:
+        """The run's prompts: --prompt-data, --*-key, --apply-chat-template, --rollout-* (the file's
+        ``index`` when given: a second pass over a large file costs about as much as the first);
+        ``plugin_args`` go to the ``--buffer-filter-path`` plugin."""
+        if data.prompt_data is None:
             raise DataError("--prompt-data is required to generate rollouts; pass a JSONL or Parquet file")
-        lazy = LazyPrompts(index or PromptIndex.build(args.prompt_data), PromptFormat.from_args(args))
-        stop_on_bad = args.on_bad_prompt == "stop"
-        workers = PromptWorkers(lazy, args.num_data_workers) if args.num_data_workers else None
+        lazy = LazyPrompts(index or PromptIndex.build(data.prompt_data), PromptFormat.from_settings(data))
+        stop_on_bad = data.stop_on_bad
+        workers = PromptWorkers(lazy, data.num_data_workers) if data.num_data_workers else None
         prompts: Sequence[Outcome] | LazyPrompts = lazy
-        if args.streaming_data:
+        if data.streaming_data:
             logger.info(
                 "streaming %d prompts of %s, %d data workers",
                 len(lazy),
-                args.prompt_data,
-                args.num_data_workers,
+                data.prompt_data,
+                data.num_data_workers,
             )
         else:
             try:
@@ -210,20 +217,20 @@ class PromptDataSource:
                 if workers is not None:
                     workers.close()
             workers = None
-        buffer_filter = pick_first
-        if args.buffer_filter_path is not None:
+        buffer_filter: BufferFilter = pick_first
+        if data.buffer_filter_path is not None:
             from slime.utils.plugins import bind_buffer_filter, load_function
 
-            buffer_filter = bind_buffer_filter(load_function(args.buffer_filter_path), args)
+            buffer_filter = bind_buffer_filter(load_function(data.buffer_filter_path), plugin_args)
         return cls(
             prompts,
-            n_samples_per_prompt=args.n_samples_per_prompt,
-            shuffle=args.rollout_shuffle,
-            seed=args.rollout_seed,
+            n_samples_per_prompt=data.n_samples_per_prompt,
+            shuffle=data.shuffle,
+            seed=data.seed,
             buffer_filter=buffer_filter,
             stop_on_bad=stop_on_bad,
             workers=workers,
-            prefetch=args.over_sampling_batch_size or args.rollout_batch_size or 0,
+            prefetch=data.prefetch,
         )
 
     def __len__(self) -> int:
@@ -469,8 +476,8 @@ class RolloutDataSource(PromptDataSource):
     argument as well (docs/upstream-compat.md)."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        # from_args reads and checks the flags; this adopts the source it built
-        vars(self).update(vars(PromptDataSource.from_args(args)))
+        # from_settings reads and checks the prompts; this adopts the source it built
+        vars(self).update(vars(PromptDataSource.from_settings(DataSettings.from_args(args), args)))
         self.args = args
 
     def add_samples(self, groups: list[list[Sample]]) -> None:

@@ -21,12 +21,13 @@ checkpoints can be compared prompt by prompt and sample by sample.
 
 from __future__ import annotations
 
-import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from slime.config.eval_config import EvalSetSettings
+from slime.config.settings.eval import EvalSettings
+from slime.rollout.prompt_files import PromptFormat, load_prompts, load_tokenizer
 from slime.rollout.sample import Sample
 from slime.utils.stats import mean_interval, pass_at_k, pass_at_k_ks
 
@@ -78,12 +79,33 @@ def _with_interval(key: str, values: list[float], probability: bool = False) -> 
     return {key: interval.mean, f"{key}/ci_low": interval.low, f"{key}/ci_high": interval.high}
 
 
-def eval_output_dir(args: argparse.Namespace, log_dir: str) -> Path:
+def eval_output_dir(settings: EvalSettings, log_dir: str) -> Path:
     """``--eval-output-dir``, else ``<--save>/eval`` (next to the checkpoints it scores), else
     ``<log_dir>/eval`` (the run's engine and router logs)."""
-    if args.eval_output_dir:
-        return Path(args.eval_output_dir)
-    return Path(args.save or log_dir) / "eval"
+    if settings.output_dir:
+        return Path(settings.output_dir)
+    return Path(settings.save or log_dir) / "eval"
+
+
+def load_eval_datasets(settings: EvalSettings) -> list[EvalSet]:
+    """Every evaluation set with its prompts, read like the training prompts with the set's own keys
+    and chat template (the tokenizer is loaded once, if any set renders with it)."""
+    tokenizer = None
+    if any(s.apply_chat_template for s in settings.sets):
+        assert settings.tokenizer_path is not None  # --hf-checkpoint, which validate_args requires
+        tokenizer = load_tokenizer(settings.tokenizer_path)
+    sets = []
+    for s in settings.sets:
+        prompt_format = PromptFormat(
+            input_key=s.input_key,
+            label_key=s.label_key,
+            metadata_key=settings.metadata_key,
+            tool_key=settings.tool_key,
+            tokenizer=tokenizer if s.apply_chat_template else None,
+            apply_chat_template=s.apply_chat_template,
+        )
+        sets.append(EvalSet(s, load_prompts(s.path, prompt_format)))
+    return sets
 
 
 def write_eval_samples(

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from slime.config.settings.rollout import RewardSettings
+from slime.rollout.plugin_args import settings_of
 from slime.rollout.sample import Sample
 
 DEFAULT_DROP_REASON = "filtered"
@@ -40,7 +42,12 @@ def keep_varied_rewards(args: argparse.Namespace, group: list[Sample]) -> Filter
 
     Samples whose reward function failed have no reward: they neither vary a group nor count in it.
     """
-    rewards = [s.reward_value(args.reward_key) for s in group if s.status != Sample.Status.FAILED]
+    return varied_rewards(group, settings_of(args, RewardSettings).reward_key)
+
+
+def varied_rewards(group: list[Sample], reward_key: str | None) -> FilterResult:
+    """``keep_varied_rewards`` with the reward key given (upstream's filter reads it from its ``args``)."""
+    rewards = [s.reward_value(reward_key) for s in group if s.status != Sample.Status.FAILED]
     if len(rewards) < 2 or max(rewards) == min(rewards):
         return FilterResult(False, "rewards_all_equal")
     return FilterResult(True)

@@ -22,9 +22,9 @@ from slime.rollout.generate_utils import (
     cached_tokenizer,
     generate_turn,
     remaining_tokens,
-    router_url,
     start_sample,
 )
+from slime.rollout.plugin_args import rollout_settings, router_url, tokenizer_path
 from slime.rollout.sample import Sample
 
 
@@ -34,7 +34,7 @@ def _load_processor(path: str) -> Any:
     from transformers import AutoProcessor
 
     try:
-        processor = AutoProcessor.from_pretrained(path)
+        processor = AutoProcessor.from_pretrained(path)  # type: ignore[no-untyped-call]  # unannotated upstream
     except (OSError, ValueError):  # no processor config: text-only checkpoint
         return None
     return None if processor.__class__.__name__.endswith(("Tokenizer", "TokenizerFast")) else processor
@@ -61,12 +61,12 @@ class GenerateState:
         from slime.rollout.sglang_rollout import sampling_params
 
         self.args = args
-        self.tokenizer = cached_tokenizer(args.hf_checkpoint)
-        self.processor = _load_processor(args.hf_checkpoint)
-        num_engines = max(1, (args.rollout_num_gpus or 1) // args.rollout_num_gpus_per_engine)
-        self.semaphore = asyncio.Semaphore(args.sglang_server_concurrency * num_engines)
+        self.tokenizer = cached_tokenizer(tokenizer_path(args))
+        self.processor = _load_processor(tokenizer_path(args))
+        rollout = rollout_settings(args)
+        self.semaphore = asyncio.Semaphore(rollout.batch.concurrency)
         """Upstream's bound on requests in flight: ``--sglang-server-concurrency`` per engine."""
-        self.sampling_params: dict[str, Any] = sampling_params(args)
+        self.sampling_params: dict[str, Any] = sampling_params(rollout.sampling)
 
     @classmethod
     def reset(cls) -> None:

@@ -23,9 +23,9 @@ A generate function may instead set ``sample.response`` alone (text, no tokens):
 tokenizes it afterwards and it trains without engine log-probs (the retokenized ids may differ from
 the ones the engine sampled, which is why the token form is preferred).
 
-``generate_turn`` posts to the router of ``args`` (``args.sglang_router_ip``/``port``) on the rollout's
-shared HTTP session, and once the rollout aborts (over-sampling finished, a weight update) it answers
-ABORTED at once without sending anything, so loops end promptly.
+``generate_turn`` posts to the router of ``args`` (``slime.rollout.plugin_args.router_url``) on the
+rollout's shared HTTP session, and once the rollout aborts (over-sampling finished, a weight update) it
+answers ABORTED at once without sending anything, so loops end promptly.
 """
 
 from __future__ import annotations
@@ -42,10 +42,12 @@ from typing import Any
 
 import aiohttp
 
+from slime.engine_client.generate import one_off_session, post_json
 from slime.rollout.errors import RolloutError
+from slime.rollout.plugin_args import rollout_seed, router_url, tokenizer_path
 from slime.rollout.prompt_files import load_tokenizer, render_chat
 from slime.rollout.sample import Sample
-from slime.utils.http import HttpError, auth_headers, post_json
+from slime.utils.http import HttpError
 
 _FINISH_STATUS = {
     "stop": Sample.Status.COMPLETED,
@@ -127,11 +129,6 @@ def rollout_context(context: RolloutContext) -> Iterator[RolloutContext]:
         _CONTEXT.reset(token)
 
 
-def router_url(args: argparse.Namespace) -> str:
-    """The router's base URL, as the rollout manager published it on ``args``."""
-    return f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
-
-
 @functools.cache
 def cached_tokenizer(path: str) -> Any:
     """The ``--hf-checkpoint`` tokenizer, loaded once per process."""
@@ -140,15 +137,18 @@ def cached_tokenizer(path: str) -> Any:
 
 def prompt_ids(args: argparse.Namespace, sample: Sample) -> list[int]:
     """The prompt's token ids: chat messages are rendered with the chat template first."""
-    tokenizer = cached_tokenizer(args.hf_checkpoint)
+    tokenizer = cached_tokenizer(tokenizer_path(args))
     tools = sample.metadata.get("tools")
     prompt = sample.prompt if isinstance(sample.prompt, str) else render_chat(tokenizer, sample.prompt, tools)
-    return tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    ids: list[int] = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    return ids
 
 
 def env_token_ids(args: argparse.Namespace, text: str) -> list[int]:
     """Token ids of text the environment adds (no special tokens added around it)."""
-    return cached_tokenizer(args.hf_checkpoint)(text, add_special_tokens=False)["input_ids"]
+    tokenizer = cached_tokenizer(tokenizer_path(args))
+    ids: list[int] = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return ids
 
 
 def start_sample(args: argparse.Namespace, sample: Sample) -> None:
@@ -159,7 +159,8 @@ def start_sample(args: argparse.Namespace, sample: Sample) -> None:
 
 def remaining_tokens(sample: Sample, sampling_params: dict[str, Any]) -> int:
     """Response tokens still allowed: ``max_new_tokens`` is a budget for the whole (multi-turn) response."""
-    return sampling_params["max_new_tokens"] - sample.response_length
+    budget: int = sampling_params["max_new_tokens"]
+    return budget - sample.response_length
 
 
 def parse_reply(reply: dict[str, Any], index: int | None = None) -> Turn:
@@ -189,12 +190,12 @@ def parse_reply(reply: dict[str, Any], index: int | None = None) -> Turn:
     )
 
 
-def sampling_seed(args: argparse.Namespace, index: int, prompt_length: int) -> int:
+def sampling_seed(seed: int, index: int, prompt_length: int) -> int:
     """The request's own seed: from ``--rollout-seed``, the sample's index (indices continue across a
     resume) and how long the input is (each turn of a sample differs), never from which engine or batch
     it lands in. A resumed run so samples the same tokens as the uninterrupted one (the torch engine
     always; SGLang with deterministic inference on)."""
-    return (args.rollout_seed * 1_000_003 + index * 65_537 + prompt_length) % 2**31
+    return (seed * 1_000_003 + index * 65_537 + prompt_length) % 2**31
 
 
 def _aborted_turn() -> Turn:
@@ -258,17 +259,19 @@ async def generate_turns(
         params = {**sampling_params, "max_new_tokens": budget}
         index = None if indices is None or len(members) > 1 else indices[members[0]]
         if index is not None and "sampling_seed" not in params:
-            params["sampling_seed"] = sampling_seed(args, index, len(inputs[members[0]]))
+            params["sampling_seed"] = sampling_seed(rollout_seed(args), index, len(inputs[members[0]]))
         replies = await _post_generate(args, context, [inputs[i] for i in members], params)
         for i, reply in zip(members, replies, strict=True):
             if reply is None:  # the rollout aborted while the request waited for a retry
                 turns[i] = _aborted_turn()
                 continue
-            turns[i] = parse_reply(reply, None if indices is None else indices[i])
-            turns[i].context_capped = budget < asked[i]
+            turn = turns[i] = parse_reply(reply, None if indices is None else indices[i])
+            turn.context_capped = budget < asked[i]
 
     await asyncio.gather(*(send(budget, members) for budget, members in batches.items()))
-    return turns
+    done = [turn for turn in turns if turn is not None]
+    assert len(done) == len(turns)  # every input got its turn above
+    return done
 
 
 async def _post_generate(
@@ -286,7 +289,7 @@ async def _post_generate(
     if context is not None:
         reply = await _post_with_retries(context, url, payload)
     else:
-        async with aiohttp.ClientSession(headers=auth_headers()) as session:  # outside a rollout
+        async with one_off_session() as session:  # outside a rollout
             reply = await post_json(session, url, payload)
     if reply is None:
         return [None] * len(inputs)
@@ -331,8 +334,8 @@ async def _post_with_retries(context: RolloutContext, url: str, payload: dict[st
         attempt += 1
 
 
-def _check_response(sample: Sample) -> None:
-    """Fills what a response built by hand may lack before more is appended to it.
+def _check_response(sample: Sample) -> list[int]:
+    """Fills what a response built by hand may lack before more is appended to it; returns its loss mask.
 
     Its loss mask becomes all ones (policy tokens). Its rollout log-probs stay ``None``: the engine's
     log-probs of those tokens are unknown, and a placeholder would be taken for a real one by TIS, MIS
@@ -342,16 +345,17 @@ def _check_response(sample: Sample) -> None:
         sample.loss_mask = [1] * sample.response_length
     if sample.rollout_log_probs is None and sample.response_length == 0:
         sample.rollout_log_probs = []
+    return sample.loss_mask
 
 
 def append_model_turn(sample: Sample, turn: Turn) -> None:
     """Appends a model turn: its ids, log-probs, text, loss mask 1, weight version; status from its end."""
-    _check_response(sample)
+    loss_mask = _check_response(sample)
     start = sample.response_length
     sample.tokens += turn.output_ids
     sample.response += turn.text
     sample.response_length += len(turn.output_ids)
-    sample.loss_mask += [1] * len(turn.output_ids)
+    loss_mask += [1] * len(turn.output_ids)  # in place: sample.loss_mask
     if sample.rollout_log_probs is not None:
         sample.rollout_log_probs += turn.log_probs
     if turn.output_ids:  # a turn that sampled nothing (aborted at once, no budget) holds no tokens to track
@@ -389,11 +393,11 @@ def fail_without_response(sample: Sample, reason: str) -> None:
 def append_env_output(sample: Sample, token_ids: list[int], text: str) -> None:
     """Appends environment output (tool result, user turn): loss mask 0, log-prob 0.0 placeholders
     (never read: every use of rollout log-probs is weighted by the loss mask)."""
-    _check_response(sample)
+    loss_mask = _check_response(sample)
     sample.tokens += token_ids
     sample.response += text
     sample.response_length += len(token_ids)
-    sample.loss_mask += [0] * len(token_ids)
+    loss_mask += [0] * len(token_ids)  # in place: sample.loss_mask
     if sample.rollout_log_probs is not None:
         sample.rollout_log_probs += [0.0] * len(token_ids)
 

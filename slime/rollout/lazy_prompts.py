@@ -60,7 +60,7 @@ class LazyPrompts:
     def __getitem__(self, record: int) -> Outcome:
         return self.outcomes([record])[0]
 
-    def outcomes(self, records: Sequence[int]) -> list[Outcome]:
+    def outcomes(self, records: Sequence[int] | np.ndarray) -> list[Outcome]:
         """The Sample (or why not) of each record position, in order; read together, so ask for a batch
         (a Parquet row group is decoded once for all the batch's rows in it)."""
         out: list[Outcome] = []

@@ -15,7 +15,6 @@ For SFT, ``load_sft_pairs`` reads prompt/response pairs with the same reader and
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slime.config import split_data_path
+from slime.config.settings.data import DataSettings
 from slime.rollout.sample import Sample
 
 logger = logging.getLogger(__name__)
@@ -168,14 +168,17 @@ def _as_messages(prompt: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
 
 
-def render_chat(tokenizer: Any, prompt: str | list[dict[str, Any]], tools: list | None = None) -> str:
+def render_chat(
+    tokenizer: Any, prompt: str | list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+) -> str:
     """The prompt text the model sees: the chat template applied, with the assistant turn opened.
 
     A plain string is one user message. Public so that eval and custom generate code render alike.
     """
-    return tokenizer.apply_chat_template(
+    text: str = tokenizer.apply_chat_template(
         _as_messages(prompt), tools=tools, tokenize=False, add_generation_prompt=True
     )
+    return text
 
 
 def load_tokenizer(hf_checkpoint: str) -> Any:
@@ -214,23 +217,25 @@ class PromptFormat:
             raise ValueError("apply_chat_template and max_prompt_len need a tokenizer")
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> PromptFormat:
+    def from_settings(cls, data: DataSettings, tokenizer: bool = True) -> PromptFormat:
         """The training prompts' format: ``--input-key``, ``--label-key``, ``--metadata-key``,
         ``--tool-key``, ``--apply-chat-template``, ``--rollout-max-prompt-len``. (Each evaluation set
-        builds its own, from its settings: ``slime.ray.rollout_manager.load_eval_datasets``.)"""
-        max_prompt_len = args.rollout_max_prompt_len
-        tokenizer = None
-        if args.apply_chat_template or max_prompt_len is not None:
-            if args.hf_checkpoint is None:
+        builds its own, from its settings: ``slime.rollout.evaluation.load_eval_datasets``.) Without
+        ``tokenizer`` (a driver's look at the fields alone) neither the template nor the cap applies."""
+        max_prompt_len = data.max_prompt_len if tokenizer else None
+        apply_chat_template = data.apply_chat_template and tokenizer
+        loaded = None
+        if apply_chat_template or max_prompt_len is not None:
+            if data.tokenizer_path is None:
                 raise DataError("--apply-chat-template and --rollout-max-prompt-len need --hf-checkpoint")
-            tokenizer = load_tokenizer(args.hf_checkpoint)
+            loaded = load_tokenizer(data.tokenizer_path)
         return cls(
-            input_key=args.input_key,
-            label_key=args.label_key,
-            metadata_key=args.metadata_key,
-            tool_key=args.tool_key,
-            tokenizer=tokenizer,
-            apply_chat_template=args.apply_chat_template,
+            input_key=data.input_key,
+            label_key=data.label_key,
+            metadata_key=data.metadata_key,
+            tool_key=data.tool_key,
+            tokenizer=loaded,
+            apply_chat_template=apply_chat_template,
             max_prompt_len=max_prompt_len,
         )
 
@@ -301,7 +306,9 @@ def load_prompts(spec: str, prompt_format: PromptFormat | None = None) -> list[S
     return samples
 
 
-def load_sft_pairs(spec: str, prompt_key: str, response_key: str) -> list[tuple[str | list[dict], str]]:
+def load_sft_pairs(
+    spec: str, prompt_key: str, response_key: str
+) -> list[tuple[str | list[dict[str, Any]], str]]:
     """``(prompt, response)`` pairs for supervised fine-tuning, read and checked like prompt data.
 
     The prompt is returned raw (string or chat messages) so the caller renders and masks it the way its

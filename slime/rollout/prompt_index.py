@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
@@ -30,6 +30,7 @@ from slime.rollout.prompt_files import (
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    import pyarrow.parquet as pq
 
 CHUNK_BYTES = 8 << 20
 
@@ -150,19 +151,19 @@ class RecordReader:
         """``columns``: given a Parquet file's column names, those to decode (None: every column)."""
         self.index = index
         self.columns = columns
-        self._file = None
-        self._parquet = None
+        self._file: BinaryIO | None = None
+        self._parquet: pq.ParquetFile | None = None
         self._read_columns: list[str] | None = None
         self._group: tuple[int, pa.Table] | None = None  # the last row group decoded: (its number, its rows)
         self._group_starts: np.ndarray | None = None
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         return {"index": self.index, "columns": self.columns}
 
-    def __setstate__(self, state: dict) -> None:
-        self.__init__(state["index"], state["columns"])
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        type(self).__init__(self, state["index"], state["columns"])
 
-    def read(self, records: Sequence[int]) -> Sequence[Record | DataError]:
+    def read(self, records: Sequence[int] | np.ndarray) -> Sequence[Record | DataError]:
         """The raw records at these index positions, in order; a malformed one is its ``DataError``."""
         if self.index.lines is None:
             return self._parquet_records(np.asarray(records, dtype=np.int64))
@@ -185,12 +186,14 @@ class RecordReader:
         the group kept last is where a read in file order goes on)."""
         if self._parquet is None:
             self._open_parquet()
+        starts = self._group_starts
+        assert starts is not None  # set by _open_parquet
         rows = self.index.positions[records]
-        groups = np.searchsorted(self._group_starts, rows, side="right") - 1
+        groups = np.searchsorted(starts, rows, side="right") - 1
         found: dict[int, Record] = {}  # by place in ``records``
         for group in np.unique(groups).tolist():
             at = np.flatnonzero(groups == group)
-            data = self._row_group(group).take(rows[at] - self._group_starts[group]).to_pylist()
+            data = self._row_group(group).take(rows[at] - starts[group]).to_pylist()
             for i, item in zip(at.tolist(), data, strict=True):
                 found[i] = Record(self.index.where(int(records[i])), item)
         return [found[i] for i in range(len(records))]
@@ -198,16 +201,17 @@ class RecordReader:
     def _open_parquet(self) -> None:
         import pyarrow.parquet as pq
 
-        self._parquet = pq.ParquetFile(self.index.path)
-        metadata = self._parquet.metadata
+        parquet = self._parquet = pq.ParquetFile(self.index.path)
+        metadata = parquet.metadata
         self._group_starts = np.cumsum(
             [0, *(metadata.row_group(g).num_rows for g in range(metadata.num_row_groups))]
         )
         if self.columns is not None:
-            self._read_columns = self.columns(self._parquet.schema_arrow.names)
+            self._read_columns = self.columns(parquet.schema_arrow.names)
 
     def _row_group(self, group: int) -> pa.Table:
         if self._group is None or self._group[0] != group:
             self._group = None  # free the kept group before decoding the next
+            assert self._parquet is not None  # opened by _parquet_records
             self._group = (group, self._parquet.read_row_group(group, columns=self._read_columns))
         return self._group[1]

@@ -40,16 +40,14 @@ Facts about sglang-router 0.3.2 this module relies on (measured; DESIGN.md §6):
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
-import shlex
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slime.config.settings.router import RouterSettings
 from slime.utils.http import (
     HttpError,
     ServerProcess,
@@ -64,66 +62,17 @@ from slime.utils.http import (
 logger = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_S = 5
-DEFAULT_REQUEST_TIMEOUT_S = 6 * 3600.0
-
-
-@dataclass(frozen=True)
-class RouterSettings:
-    """How slime runs sglang-router: ``--router-request-timeout`` and ``--router-extra-args``."""
-
-    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
-    extra_args: tuple[str, ...] = ()
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> RouterSettings:
-        return cls(
-            request_timeout_s=args.router_request_timeout,
-            extra_args=tuple(shlex.split(args.router_extra_args or "")),
-        )
-
-    def check(self) -> str | None:
-        """Why sglang-router would refuse these flags (its own parser's message), or None; run before
-        any process starts, so a typo in ``--router-extra-args`` is one line, not a dead router."""
-        import contextlib
-        import io
-
-        from sglang_router.launch_router import parse_router_args
-
-        errors = io.StringIO()
-        try:
-            with contextlib.redirect_stderr(errors):
-                parse_router_args(self.argv())
-        except SystemExit:
-            lines = errors.getvalue().strip().splitlines() or ["refused"]
-            return lines[-1].split("error: ", 1)[-1]
-        return None
-
-    def argv(self) -> list[str]:
-        """The router flags slime decides, then the user's.
-
-        - Health checks and the circuit breaker off: on SGLang ``/health`` is a generation that waits
-          while the engine is paused (503 after 20 s), so the router would drop every engine during a
-          long train step or while released (``--colocate``). slime's own monitor probes the engines
-          and pauses with them (``slime.ray.engine_health``) and takes failed ones out of the router.
-        - No retries by the router: under ``--use-fault-tolerance`` the rollout sends a failed request
-          again itself, knowing when the rollout aborted; without it, a failed engine ends the run in
-          one line. A router retry would also start a timed-out generation again from scratch.
-        - A request timeout of hours (``--router-request-timeout``), not 30 minutes: long reasoning
-          generations of large models are not errors.
-        """
-        return [
-            "--disable-health-check",
-            "--disable-circuit-breaker",
-            "--disable-retries",
-            "--request-timeout-secs",
-            str(max(1, round(self.request_timeout_s))),
-            *self.extra_args,
-        ]
 
 
 def list_workers(router_url: str) -> list[dict[str, Any]]:
     """The workers a running router routes to (id, url, is_healthy, load, ...); any process may ask."""
-    return get_json(f"{router_url}/workers")["workers"]
+    workers: list[dict[str, Any]] = get_json(f"{router_url}/workers")["workers"]
+    return workers
+
+
+def engine_urls(router_url: str) -> list[str]:
+    """The engines the router routes to right now."""
+    return [worker["url"] for worker in list_workers(router_url)]
 
 
 class RouterError(RuntimeError):
@@ -177,7 +126,7 @@ class Router:
         key = engine_api_key()  # the router sends it with every request it routes to this engine
         worker = {"url": url, "api_key": key} if key else {"url": url}
         reply = request_json("POST", f"{self.url}/workers", worker)
-        worker_id = reply["worker_id"]
+        worker_id: str = reply["worker_id"]
         deadline = time.monotonic() + timeout_s
         while True:
             try:

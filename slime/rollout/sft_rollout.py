@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 
+from slime.config.settings.data import DataSettings
 from slime.rollout.data_source import DataSource
 from slime.rollout.generate_utils import cached_tokenizer, prompt_ids
 from slime.rollout.output import RolloutOutput
+from slime.rollout.plugin_args import settings_of, tokenizer_path
 from slime.rollout.prompt_files import DataError
 from slime.rollout.sample import Sample
 
@@ -23,7 +25,7 @@ def build_sft_sample(args: argparse.Namespace, sample: Sample) -> Sample:
     """Tokens, response length and loss mask of one prompt/response pair (the label is the response)."""
     if sample.label is None:
         raise DataError(f"sample {sample.index} has no response: set --label-key to the response field")
-    tokenizer = cached_tokenizer(args.hf_checkpoint)
+    tokenizer = cached_tokenizer(tokenizer_path(args))
     prompt = prompt_ids(args, sample)
     response = tokenizer(sample.label, add_special_tokens=False)["input_ids"]
     if tokenizer.eos_token_id is not None:
@@ -43,5 +45,5 @@ def generate_rollout(
     """``--rollout-batch-size`` pairs per rollout (``--n-samples-per-prompt`` should stay 1)."""
     if evaluation:
         raise ValueError("the SFT rollout has no evaluation (it samples nothing); drop --eval-interval")
-    groups = data_source.get_samples(args.rollout_batch_size)
+    groups = data_source.get_samples(settings_of(args, DataSettings).rollout_batch_size)
     return RolloutOutput([[build_sft_sample(args, sample) for sample in group] for group in groups])

@@ -50,7 +50,11 @@ from typing import Any
 from tqdm import tqdm
 
 from slime.config.eval_config import EvalSetSettings
-from slime.rollout import engine_control
+from slime.config.settings.eval import EvalSettings
+from slime.config.settings.fault_tolerance import FaultToleranceSettings
+from slime.config.settings.rollout import RolloutSettings, SamplingSettings
+from slime.engine_client import control
+from slime.engine_client.generate import client_session, run_on_thread_loop
 from slime.rollout.data_source import DataSource
 from slime.rollout.errors import RolloutError
 from slime.rollout.evaluation import EvalSet, eval_metrics
@@ -66,12 +70,12 @@ from slime.rollout.generate_utils import (
     prompt_ids,
     remaining_tokens,
     rollout_context,
-    router_url,
 )
 from slime.rollout.output import RolloutOutput
+from slime.rollout.plugin_args import eval_settings, rollout_settings, router_url, settings_of
 from slime.rollout.rewards import RewardChoice, score_groups
+from slime.rollout.router import engine_urls
 from slime.rollout.sample import Sample
-from slime.utils.http import client_session, run_on_thread_loop
 from slime.utils.plugins import declares, is_group_generate, load_function
 
 # (args, sample, sampling_params) per sample, or (args, samples, ...) per group (the usage guide's form).
@@ -95,8 +99,9 @@ def sample_bar(desc: str, total: int) -> tqdm:
     return tqdm(total=total, desc=desc, unit="sample", mininterval=1.0, delay=BAR_DELAY_S)
 
 
-def sampling_params(args: argparse.Namespace, eval_set: EvalSetSettings | None = None) -> dict[str, Any]:
-    """SGLang sampling parameters from the ``--rollout-*`` flags, or an evaluation set's settings.
+def sampling_params(sampling: SamplingSettings, eval_set: EvalSetSettings | None = None) -> dict[str, Any]:
+    """SGLang sampling parameters from the ``--rollout-*`` flags, or an evaluation set's settings: the
+    one place a request's temperature comes from.
 
     Stop strings, stop tokens and special-token skipping are the rollout's for both: they belong to
     the model's chat format, not to a data set. ``no_stop_trim`` keeps a matched stop string in the
@@ -104,20 +109,20 @@ def sampling_params(args: argparse.Namespace, eval_set: EvalSetSettings | None =
     keep the stop token).
     """
     params: dict[str, Any] = {
-        "temperature": args.rollout_temperature,
-        "top_p": args.rollout_top_p,
-        "top_k": args.rollout_top_k,
-        "max_new_tokens": args.rollout_max_response_len,
-        "skip_special_tokens": args.rollout_skip_special_tokens,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k,
+        "max_new_tokens": sampling.max_response_len,
+        "skip_special_tokens": sampling.skip_special_tokens,
         "no_stop_trim": True,
     }
     if eval_set is not None:
         params["temperature"], params["top_p"] = eval_set.temperature, eval_set.top_p
         params["top_k"], params["max_new_tokens"] = eval_set.top_k, eval_set.max_response_len
-    if args.rollout_stop:
-        params["stop"] = list(args.rollout_stop)
-    if args.rollout_stop_token_ids:
-        params["stop_token_ids"] = list(args.rollout_stop_token_ids)
+    if sampling.stop:
+        params["stop"] = list(sampling.stop)
+    if sampling.stop_token_ids:
+        params["stop_token_ids"] = list(sampling.stop_token_ids)
     return params
 
 
@@ -135,12 +140,12 @@ _context_lengths: dict[tuple[str, ...], int] = {}
 
 
 def engines_context_length(router_url: str) -> int | None:
-    """The context length of the engines behind ``router_url`` (``engine_control.context_length``),
+    """The context length of the engines behind ``router_url`` (``control.context_length``),
     asked once per set of engines: each rollout's first requests waited on that lookup, and an engine
     keeps its context length for life (a restarted one has a new URL or the same flags)."""
-    urls = tuple(sorted(engine_control.engine_urls(router_url)))
+    urls = tuple(sorted(engine_urls(router_url)))
     if urls not in _context_lengths:
-        length = engine_control.context_length(list(urls))
+        length = control.context_length(list(urls))
         if length is None:
             return None
         _context_lengths[urls] = length
@@ -172,19 +177,27 @@ class SampleSlots:
 
 class RolloutClient:
     """The per-rollout HTTP state: one session, one concurrency bound, one abort signal, and the reward
-    function its groups are scored with (an evaluation set's own, or the reward flags')."""
+    function its groups are scored with (an evaluation set's own, or the reward flags').
+
+    ``args`` go to the plugins it calls (generate and reward functions) and nowhere else."""
 
     def __init__(
-        self, args: argparse.Namespace, url: str, reward: RewardChoice | None = None, evaluation: bool = False
+        self,
+        args: argparse.Namespace,
+        url: str,
+        settings: RolloutSettings,
+        fault_tolerance: FaultToleranceSettings,
+        reward: RewardChoice | None = None,
+        evaluation: bool = False,
     ) -> None:
         self.args = args
+        self.settings = settings
         self.evaluation = evaluation
         self.router_url = url
-        self.reward = RewardChoice.from_args(args) if reward is None else reward
-        num_engines = max(1, (args.rollout_num_gpus or 1) // args.rollout_num_gpus_per_engine)
-        concurrency = args.sglang_server_concurrency * num_engines
+        self.reward = RewardChoice.from_settings(settings.reward) if reward is None else reward
+        concurrency = settings.batch.concurrency
         self.slots = SampleSlots(concurrency)
-        self.plugin = args.custom_generate_function_path
+        self.plugin = settings.custom_generate_function_path
         self.generate: GenerateFn | None = load_function(self.plugin) if self.plugin else None
         self.per_group = self.generate is not None and is_group_generate(self.generate)
         # The loop's shared session (keep-alive connections across rollouts); a dead engine is the
@@ -194,9 +207,9 @@ class RolloutClient:
             session,
             context_length_lookup=lambda: engines_context_length(url),
         )
-        if args.use_fault_tolerance:  # a request a dead engine dropped goes to another one
-            self.context.retries = args.rollout_request_retries
-            self.context.retry_wait_s = args.rollout_health_check_interval
+        if fault_tolerance.enabled:  # a request a dead engine dropped goes to another one
+            self.context.retries = fault_tolerance.request_retries
+            self.context.retry_wait_s = fault_tolerance.health_check_interval_s
 
     async def close(self) -> None:
         if not self._shared_session:
@@ -219,7 +232,7 @@ class RolloutClient:
             returned = [self._generate_one(sample, params, progress) for sample in group]
             done = [sample for samples in await asyncio.gather(*returned) for sample in samples]
         if all(sample.finished for sample in done):
-            await score_groups(self.args, [done], self.reward)
+            await score_groups(self.args, [done], self.settings.reward, self.reward)
         return done
 
     async def _generate_batched(self, group: list[Sample], params: dict[str, Any], progress: tqdm) -> None:
@@ -233,7 +246,7 @@ class RolloutClient:
             shared = prompt_ids(self.args, fresh[0])  # once per group: the samples share the prompt
             for sample in fresh:
                 sample.tokens = list(shared)
-        size = 1 if self.args.rollout_seed_per_sample else self.slots.capacity  # one alone is seeded
+        size = 1 if self.settings.sampling.seed_per_sample else self.slots.capacity  # one alone is seeded
         chunks = [todo[start : start + size] for start in range(0, len(todo), size)]
         await asyncio.gather(*(self._generate_chunk(chunk, params, progress) for chunk in chunks))
 
@@ -250,6 +263,7 @@ class RolloutClient:
 
     async def _generate_one(self, sample: Sample, params: dict[str, Any], progress: tqdm) -> list[Sample]:
         """One sample through ``--custom-generate-function-path``."""
+        assert self.generate is not None and self.plugin is not None  # _generate_group: a custom generate
         if sample.finished:
             return [sample]
         async with self.slots.hold(1):
@@ -268,6 +282,7 @@ class RolloutClient:
         """The group's unfinished samples through a per-group generate (the usage guide's form), in one
         call: such a function may compare or rank the group's responses. ``evaluation`` and
         ``sampling_params`` are passed by keyword where it declares them."""
+        assert self.generate is not None and self.plugin is not None  # _generate_group: a custom generate
         finished = [sample for sample in group if sample.finished]
         todo = [sample for sample in group if not sample.finished]
         if not todo:
@@ -291,13 +306,13 @@ class RolloutClient:
             complete_generated(self.args, returned, self.plugin)
         return finished + result
 
-    async def abort(self, pending: set[asyncio.Task]) -> list[list[Sample]]:
+    async def abort(self, pending: set[asyncio.Task[list[Sample]]]) -> list[list[Sample]]:
         """Aborts this rollout's requests on every engine until each has come back.
 
         The rollout's own requests are aborted by rid (``context.in_flight``), so that other clients
         of the same engines (an evaluation running beside under ``train_async.py``, an external user)
         keep theirs. Nothing tells which engine holds a rid, so each goes to every engine
-        (``engine_control.EngineAborts``, one aiohttp session). The aborts are repeated every
+        (``control.EngineAborts``, one aiohttp session). The aborts are repeated every
         ``ABORT_RETRY_S`` for the rids still out: a request still in the router when they went out
         reaches an engine later. SGLang (0.5.20+) forwards only the first abort of a rid, though, and
         a request held by a paused engine (or still being tokenized) is not in its scheduler yet, so
@@ -310,13 +325,13 @@ class RolloutClient:
         held requests, and it counts other clients' (an evaluation beside must not hold the rollout up).
         """
         self.context.aborted.set()
-        urls = await asyncio.to_thread(engine_control.engine_urls, self.router_url)
+        urls = await asyncio.to_thread(engine_urls, self.router_url)
         groups = []
         started = time.monotonic()
         next_report = started + ABORT_REPORT_S
         escalated = False
         max_rid_calls = ABORT_BY_RID_ROUNDS * len(urls) * len(self.context.in_flight)
-        async with engine_control.EngineAborts(urls, max_rid_calls, ABORT_ESCALATE_S) as aborts:
+        async with control.EngineAborts(urls, max_rid_calls, ABORT_ESCALATE_S) as aborts:
             while pending:
                 if escalated or not await aborts.by_rid(sorted(self.context.in_flight)):
                     if not escalated:
@@ -362,6 +377,8 @@ async def _cancel(tasks: Any) -> None:
 
 async def generate_groups(
     args: argparse.Namespace,
+    settings: RolloutSettings,
+    fault_tolerance: FaultToleranceSettings,
     groups: list[list[Sample]],
     url: str,
     desc: str = "rollout",
@@ -376,8 +393,8 @@ async def generate_groups(
         reward = RewardChoice(
             rm_type=eval_set.rm_type, custom_rm_path=eval_set.custom_rm_path, group_rm=eval_set.group_rm
         )
-    client = RolloutClient(args, url, reward, evaluation=eval_set is not None)
-    params = sampling_params(args, eval_set)
+    client = RolloutClient(args, url, settings, fault_tolerance, reward, evaluation=eval_set is not None)
+    params = sampling_params(settings.sampling, eval_set)
     total = sum(len(group) for group in groups)
     try:
         with (
@@ -389,13 +406,13 @@ async def generate_groups(
         await client.close()
 
 
-def _return_to_source(args: argparse.Namespace, data_source: DataSource, groups: list[list[Sample]]) -> int:
+def _return_to_source(partial_rollout: bool, data_source: DataSource, groups: list[list[Sample]]) -> int:
     """Unfinished groups back to the data source (as they are under --partial-rollout); returns how
     many samples carry a partial response."""
     partial = 0
     for group in groups:
         for sample in group:
-            if not args.partial_rollout:
+            if not partial_rollout:
                 sample.reset_response()
             partial += sample.response_length > 0 and not sample.finished
     if groups:
@@ -409,7 +426,7 @@ MAX_DRAWS_PER_BATCH = 20
 
 
 def _endless_draws(
-    args: argparse.Namespace,
+    settings: RolloutSettings,
     rollout_id: int,
     drawn: int,
     kept: int,
@@ -419,44 +436,52 @@ def _endless_draws(
     """The error of a rollout that reached the draw bound, saying where its groups went."""
     statuses = collections.Counter(s.status.value for group in unfinished for s in group if not s.finished)
     filtered = ""
-    if args.dynamic_sampling_filter_path:
+    if settings.dynamic_sampling_filter_path:
         filtered = (
             f"{sum(dropped.values())} dropped by --dynamic-sampling-filter-path "
-            f"{args.dynamic_sampling_filter_path} ({dict(dropped)}), "
+            f"{settings.dynamic_sampling_filter_path} ({dict(dropped)}), "
         )
     return RolloutError(
-        f"rollout {rollout_id} drew {drawn} prompt groups for a batch of {args.rollout_batch_size} and "
+        f"rollout {rollout_id} drew {drawn} prompt groups for a batch of "
+        f"{settings.batch.rollout_batch_size} and "
         f"kept {kept}: {filtered}{len(unfinished)} came back unfinished (samples {dict(statuses)}); "
         "it would draw prompts forever: check the filter, the reward, the generate function or the data"
     )
 
 
-async def sample_rollout(args: argparse.Namespace, rollout_id: int, data_source: DataSource) -> RolloutOutput:
-    """``--rollout-batch-size`` groups that pass the dynamic-sampling filter (see the module docstring)."""
-    target = args.rollout_batch_size
-    client = RolloutClient(args, router_url(args))
+async def sample_rollout(
+    args: argparse.Namespace,
+    settings: RolloutSettings,
+    fault_tolerance: FaultToleranceSettings,
+    rollout_id: int,
+    data_source: DataSource,
+) -> RolloutOutput:
+    """``--rollout-batch-size`` groups that pass the dynamic-sampling filter (see the module docstring);
+    ``args`` go to the plugins (generate, reward and filter functions)."""
+    target = settings.batch.rollout_batch_size
+    client = RolloutClient(args, router_url(args), settings, fault_tolerance)
     keep_fn: FilterFn | None = None
-    if args.dynamic_sampling_filter_path:
-        keep_fn = load_function(args.dynamic_sampling_filter_path)
-    params = sampling_params(args)
+    if settings.dynamic_sampling_filter_path:
+        keep_fn = load_function(settings.dynamic_sampling_filter_path)
+    params = sampling_params(settings.sampling)
     kept: list[tuple[int, list[Sample]]] = []  # (submission order, group): trained in the order drawn
     unfinished: list[list[Sample]] = []
     dropped: collections.Counter[str] = collections.Counter()
-    order: dict[asyncio.Task, int] = {}
-    pending: set[asyncio.Task] = set()
+    order: dict[asyncio.Task[list[Sample]], int] = {}
+    pending: set[asyncio.Task[list[Sample]]] = set()
     finished_groups = abort_s = 0.0
-    draw_limit = MAX_DRAWS_PER_BATCH * max(target, args.over_sampling_batch_size or 0)
+    draw_limit = MAX_DRAWS_PER_BATCH * max(target, settings.batch.over_sampling_batch_size)
     bar = sample_bar(f"rollout {rollout_id}", total=0)
     try:
         with rollout_context(client.context):
             while len(kept) < target:
                 if len(kept) + len(pending) < target and len(order) < draw_limit:
-                    for group in data_source.get_samples(args.over_sampling_batch_size):
+                    for group in data_source.get_samples(settings.batch.over_sampling_batch_size):
                         bar.total += len(group)
                         task = asyncio.ensure_future(client.generate_group(group, params, bar))
                         order[task], pending = len(order), pending | {task}
                 if not pending and len(order) >= draw_limit:  # raised once no request is left running
-                    raise _endless_draws(args, rollout_id, len(order), len(kept), dropped, unfinished)
+                    raise _endless_draws(settings, rollout_id, len(order), len(kept), dropped, unfinished)
                 if not pending:
                     raise RolloutError(f"the data source returned no prompt groups in rollout {rollout_id}")
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -481,20 +506,20 @@ async def sample_rollout(args: argparse.Namespace, rollout_id: int, data_source:
         await client.close()
     groups = [group for _, group in sorted(kept, key=lambda item: item[0])]
     masked = 0
-    if args.mask_offpolicy_in_partial_rollout:
+    if settings.mask_offpolicy_in_partial_rollout:
         masked = sum(mask_offpolicy_turns(sample) for group in groups for sample in group)
-    partial = _return_to_source(args, data_source, unfinished)
+    partial = _return_to_source(settings.partial_rollout, data_source, unfinished)
     metrics = {"rollout/returned_groups": float(len(unfinished)), "perf/abort_time": abort_s}
-    if args.use_fault_tolerance:
+    if fault_tolerance.enabled:
         metrics["fault/requests_retried"] = float(client.context.retried)
     if keep_fn is not None:
         metrics["rollout/dynamic_sampling/finished_groups"] = float(finished_groups)
         metrics["rollout/dynamic_sampling/kept_groups"] = float(len(groups))
         for reason, n in sorted(dropped.items()):
             metrics[f"rollout/dynamic_sampling/dropped/{reason}"] = float(n)
-    if args.partial_rollout:
+    if settings.partial_rollout:
         metrics["rollout/partial_samples_returned"] = float(partial)
-    if args.mask_offpolicy_in_partial_rollout:
+    if settings.mask_offpolicy_in_partial_rollout:
         metrics["rollout/offpolicy_masked_tokens"] = float(masked)
     return RolloutOutput(groups, metrics)
 
@@ -506,10 +531,14 @@ def generate_rollout(
     evaluation: bool = False,
 ) -> RolloutOutput:
     """One rollout (``data_source``: a ``PromptDataSource`` or a ``--data-source-path`` instance), or
-    under ``evaluation`` the scores of the evaluation sets ``data_source`` lists."""
+    under ``evaluation`` the scores of the evaluation sets ``data_source`` lists. A plugin by contract:
+    it works from the settings ``args`` stand for (``slime.rollout.plugin_args``)."""
+    settings, fault_tolerance = rollout_settings(args), settings_of(args, FaultToleranceSettings)
     if evaluation:
-        return eval_rollout(args, rollout_id, data_source)
-    return run_on_thread_loop(sample_rollout(args, rollout_id, data_source))
+        assert isinstance(data_source, list)  # the evaluation sets, by contract
+        return eval_rollout(args, settings, fault_tolerance, eval_settings(args), rollout_id, data_source)
+    assert not isinstance(data_source, list)
+    return run_on_thread_loop(sample_rollout(args, settings, fault_tolerance, rollout_id, data_source))
 
 
 def _eval_copy(prompt: Sample, group_index: int, index: int) -> Sample:
@@ -518,12 +547,19 @@ def _eval_copy(prompt: Sample, group_index: int, index: int) -> Sample:
     return sample
 
 
-def eval_rollout(args: argparse.Namespace, rollout_id: int, eval_sets: list[EvalSet]) -> RolloutOutput:
+def eval_rollout(
+    args: argparse.Namespace,
+    settings: RolloutSettings,
+    fault_tolerance: FaultToleranceSettings,
+    evals: EvalSettings,
+    rollout_id: int,
+    eval_sets: list[EvalSet],
+) -> RolloutOutput:
     """Scores every evaluation set with its own settings: ``n_samples_per_eval_prompt`` responses per
     prompt, its sampling parameters and its reward function. Returns the ``eval/<name>`` metrics
     (``slime.rollout.evaluation.eval_metrics``) and each set's scored groups, which the rollout manager
     writes out sample by sample."""
-    pass_threshold = args.eval_pass_threshold if args.log_passrate else None
+    pass_threshold = evals.pass_threshold_or_none
     metrics: dict[str, float] = {}
     eval_groups: dict[str, list[list[Sample]]] = {}
     for eval_set in eval_sets:
@@ -533,13 +569,16 @@ def eval_rollout(args: argparse.Namespace, rollout_id: int, eval_sets: list[Eval
             for i, prompt in enumerate(eval_set.prompts)
         ]
         desc = f"eval {name} @ rollout {rollout_id}"
-        done = run_on_thread_loop(generate_groups(args, groups, router_url(args), desc, eval_set.settings))
+        generating = generate_groups(
+            args, settings, fault_tolerance, groups, router_url(args), desc, eval_set.settings
+        )
+        done = run_on_thread_loop(generating)
         unscored = [sample for group in done for sample in group if not sample.finished]
         if unscored:
             raise RolloutError(
                 f"evaluation set {name!r}: {len(unscored)} samples came back unfinished (e.g. sample "
                 f"{unscored[0].index}, status {unscored[0].status.value}) and cannot be scored"
             )
-        metrics.update(eval_metrics(name, done, args.reward_key, pass_threshold))
+        metrics.update(eval_metrics(name, done, evals.reward_key, pass_threshold))
         eval_groups[name] = done
     return RolloutOutput([], metrics, eval_groups)

@@ -3,6 +3,6 @@ runs its coroutines with it. Ours is ``run_on_thread_loop``: one event loop kept
 per-process ``GenerateState.semaphore`` and the keep-alive sessions outlive one rollout, as upstream's
 background loop lets them."""
 
-from slime.utils.http import run_on_thread_loop as run
+from slime.engine_client.generate import run_on_thread_loop as run
 
 __all__ = ["run"]

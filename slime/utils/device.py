@@ -111,7 +111,7 @@ class _NullStream:
 
 def _patch_torch_cuda() -> None:
     """Points the ``torch.cuda`` calls megatron-core makes at CPU equivalents."""
-    cuda = torch.cuda
+    cuda: Any = torch.cuda  # CPU stand-ins replace its functions and classes, whatever their signatures
     cuda.current_device = lambda: 0
     cuda.synchronize = lambda *a, **k: None
     cuda.empty_cache = lambda: None

@@ -3,9 +3,8 @@
 Engines and the router are separate server processes that slime starts and must never leave behind:
 ``ServerProcess`` is the one place that knows how to start such a process (own process group, log
 file, killed with its parent), wait until it answers, tell why it did not (the tail of its log), and
-stop it. The JSON helpers are synchronous (standard library, for control calls from actors); the
-rollout's hot path uses ``aiohttp`` sessions that outlive a rollout (``run_on_thread_loop``,
-``client_session``, ``post_json``).
+stop it. The JSON helpers are synchronous (standard library); the calls to engines, and the rollout's
+async transport, are ``slime.engine_client``'s.
 
 Every client here sends the run's engine key (``engine_api_key``), when the run has one, as SGLang's
 ``--api-key`` expects it: ``Authorization: Bearer <key>``. A run that is not confined to loopback has
@@ -14,7 +13,6 @@ one (``slime.ray.cluster.start_ray`` makes it), so no other host can drive its e
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import ctypes
 import json
@@ -24,16 +22,13 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import aiohttp
 
 LOG_TAIL_LINES = 20
 
@@ -169,48 +164,6 @@ def is_ok(url: str, timeout: float = 5.0) -> bool:
     except (OSError, HttpError, TimeoutError):
         return False
     return True
-
-
-_thread_loops = threading.local()
-
-
-def run_on_thread_loop(coroutine: Coroutine[Any, Any, Any]) -> Any:
-    """``asyncio.run`` on one event loop kept per thread, so that the sessions of ``client_session``
-    (their keep-alive connections) serve the next rollout too: a fresh session per rollout opened a
-    TCP connection per request, a third of the rollout manager's time on the quickstart
-    (``bench/step_profile.py``). Each call runs as a task of its own, in a copy of the caller's
-    context, as under ``asyncio.run``."""
-    loop = getattr(_thread_loops, "loop", None)
-    if loop is None:
-        loop = _thread_loops.loop = asyncio.new_event_loop()
-        _thread_loops.sessions = {}
-    return loop.run_until_complete(coroutine)
-
-
-def client_session(limit: int) -> tuple[aiohttp.ClientSession, bool]:
-    """A client session with at most ``limit`` connections and whether it is shared: on the loop of
-    ``run_on_thread_loop`` the loop's own (never closed by its users; aiohttp closes connections idle
-    for 15 s, so a slow step pays reconnects and a fast one none), elsewhere a new one the caller
-    closes. No total timeout: a long generation is not an error. It sends the run's engine key."""
-    shared = asyncio.get_running_loop() is getattr(_thread_loops, "loop", None)
-    session = _thread_loops.sessions.get(limit) if shared else None
-    if session is None or session.closed:
-        session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=limit),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
-            headers=auth_headers(),
-        )
-        if shared:
-            _thread_loops.sessions[limit] = session
-    return session, shared
-
-
-async def post_json(session: aiohttp.ClientSession, url: str, payload: dict[str, Any]) -> Any:
-    """POST on the shared session; raises ``HttpError`` with the server's message on a non-2xx answer."""
-    async with session.post(url, json=payload) as response:
-        if response.status >= 300:
-            raise HttpError("POST", url, response.status, await response.text())
-        return await response.json(content_type=None)
 
 
 GROUP_EXIT_S = 2.0

@@ -3,8 +3,8 @@
 Plugins written for THUDM/slime call ``await post(url, payload)`` (and ``await get(url)``) to reach
 the router. Upstream retries
 every failure up to ``max_retries`` times (default 60), one second apart, then raises the last error;
-this does the same on the session of ``slime.utils.http.client_session`` (keep-alive connections,
-the run's engine key), so a plugin's requests share the rollout's connections.
+this does the same on the session of ``slime.engine_client.generate.client_session`` (keep-alive
+connections, the run's engine key), so a plugin's requests share the rollout's connections.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import json
 import logging
 from typing import Any
 
-from slime.utils.http import HttpError, client_session
+from slime.engine_client.generate import client_session
+from slime.utils.http import HttpError
 
 logger = logging.getLogger(__name__)
 

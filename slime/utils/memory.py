@@ -155,6 +155,7 @@ class DeviceMemory:
         """Brings ``tag``'s tensors back, content intact; returns the bytes restored (0 if not offloaded)."""
         start = time.perf_counter()
         if tag in self._saver_bytes:
+            assert self.saver is not None  # only the saver paused it
             self.saver.resume(tag)
             nbytes = self._saver_bytes.pop(tag)
             self._record("onload", tag, nbytes, start, "torch_memory_saver")

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 import queue
 import threading
 from pathlib import Path
 
-from slime.utils.http import SECRET_FLAGS
+from slime.config.settings.metrics import MetricsSettings
 
 logger = logging.getLogger("slime")
 
@@ -28,13 +27,6 @@ def setup_logging(level: str = "INFO") -> None:
     """One format for the driver's log lines; library loggers stay at WARNING."""
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
     logging.getLogger("slime").setLevel(level.upper())
-
-
-def tensorboard_dir(args: argparse.Namespace) -> Path:
-    """``--tb-dir``, else ``<--save>/tensorboard``, else ``outputs/tensorboard``."""
-    if args.tb_dir:
-        return Path(args.tb_dir)
-    return Path(args.save or "outputs") / "tensorboard"
 
 
 class _BackgroundScalars:
@@ -69,31 +61,22 @@ class _BackgroundScalars:
         self.writer.close()
 
 
-def run_config(args: argparse.Namespace) -> dict[str, object]:
-    """``args`` as a run's record keeps them: ``--sglang-api-key`` (the engines' key) never leaves the run."""
-    server_args = {
-        name: "<redacted>" if f"--{name.replace('_', '-')}" in SECRET_FLAGS else value
-        for name, value in (args.sglang_server_args or {}).items()
-    }
-    return {**vars(args), "sglang_server_args": server_args}
-
-
 class MetricsLogger:
     """Writes every metric keyed by rollout id, so curves of resumed runs line up."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.directory = tensorboard_dir(args)
+    def __init__(self, settings: MetricsSettings) -> None:
+        self.directory = settings.tensorboard_dir
         self.scalars = _BackgroundScalars(self.directory)
-        self.num_rollout = args.num_rollout
+        self.num_rollout = settings.num_rollout
         self.wandb = None
-        if args.use_wandb:
+        if settings.use_wandb:
             import wandb
 
             self.wandb = wandb.init(
-                project=args.wandb_project,
-                group=args.wandb_group,
-                mode=args.wandb_mode,
-                config=run_config(args),
+                project=settings.wandb_project,
+                group=settings.wandb_group,
+                mode=settings.wandb_mode,
+                config=settings.run_config,
             )
 
     def log(self, rollout_id: int, metrics: dict[str, float]) -> None:

@@ -14,8 +14,8 @@ import shutil
 import time
 from pathlib import Path
 
-from slime.weight_sync.engine_client import post_all
-from slime.weight_sync.settings import WeightSyncSettings
+from slime.config.settings.weight_sync import WeightSyncSettings
+from slime.engine_client.weight_updates import update_from_disk
 
 SNAPSHOT_PREFIX = "weights_v"
 
@@ -23,8 +23,10 @@ SNAPSHOT_PREFIX = "weights_v"
 class DiskWeightUpdater:
     def __init__(self, settings: WeightSyncSettings, trainer) -> None:
         self.trainer = trainer
+        assert settings.disk_dir is not None  # validate_args requires it with the disk transport
         self.root = Path(settings.disk_dir)
         self.timeout = settings.timeout_s
+        self.bucket_bytes = settings.bucket_bytes
         self.engine_urls: list[str] = []
 
     def connect(self, engine_urls: list[str]) -> None:
@@ -35,7 +37,7 @@ class DiskWeightUpdater:
         start = time.perf_counter()
         final = self.root / f"{SNAPSHOT_PREFIX}{weight_version}"
         partial = self.root / f".{final.name}.partial"
-        written = self.trainer.save_hf(str(partial))
+        written = self.trainer.save_hf(str(partial), self.bucket_bytes)
         if written is None:  # not global rank 0
             return {}
         shutil.rmtree(final, ignore_errors=True)
@@ -47,7 +49,7 @@ class DiskWeightUpdater:
             "flush_cache": True,
             "abort_all_requests": False,
         }
-        for reply in post_all(self.engine_urls, "/update_weights_from_disk", payload, self.timeout):
+        for reply in update_from_disk(self.engine_urls, payload, self.timeout):
             reply.result()
         for old in self.root.glob(f"{SNAPSHOT_PREFIX}*"):
             if old != final and old.is_dir():

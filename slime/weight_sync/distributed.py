@@ -32,19 +32,22 @@ import ray
 import torch.distributed as dist
 from megatron.core import parallel_state as mpu
 
+from slime.config.settings.weight_sync import WeightSyncSettings
+from slime.engine_client.calls import first_failure, wait_all
+from slime.engine_client.timeouts import ERROR_PATH_TIMEOUT_S
+from slime.engine_client.weight_updates import destroy_group, init_group, update_from_distributed
 from slime.utils.device import distributed_backend
 from slime.utils.http import free_port
 from slime.weight_sync.bucketing import send_pipelined
-from slime.weight_sync.engine_client import ERROR_PATH_TIMEOUT_S, first_failure, post_all, wait_all
 from slime.weight_sync.ipc import FlattenedBucket, StagingBuffer
 from slime.weight_sync.process_group import (
+    WeightGroup,
     abandon_group,
     create_weight_update_group,
     start_broadcast_from_rank0,
     wait_for_work,
 )
 from slime.weight_sync.senders import is_stage_leader, walks_hf_weights
-from slime.weight_sync.settings import WeightSyncSettings
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +62,7 @@ class DistributedWeightUpdater:
         self.timeout = settings.timeout_s
         self.engine_urls: list[str] = []
         self.ranks_per_engine = settings.ranks_per_engine
-        self.group = None
+        self.group: WeightGroup | None = None
         self.groups_opened = 0  # a group dropped after a failed push is replaced under a new name
         self.group_name = ""
         self._staging = (StagingBuffer(shared=False), StagingBuffer(shared=False))
@@ -120,7 +123,7 @@ class DistributedWeightUpdater:
             }
             for i in range(len(self.engine_urls))
         ]
-        replies = post_all(self.engine_urls, "/init_weights_update_group", payloads, self.timeout)
+        replies = init_group(self.engine_urls, payloads, self.timeout)
         group = create_weight_update_group(
             address, port, 0, world_size, self.group_name, backend, timeout_s=self.timeout
         )
@@ -167,7 +170,7 @@ class DistributedWeightUpdater:
         """After a failed push: the senders whose group was dropped open a new one, in stage order
         (every rank learns whether any must, so all take part in the ordering)."""
         dropped = self._is_sender and self.group is None
-        anyone = [dropped]
+        anyone: list[bool | None] = [dropped]
         if mpu.get_pipeline_model_parallel_world_size() > 1:
             anyone = [None] * dist.get_world_size()
             dist.all_gather_object(anyone, dropped)
@@ -191,8 +194,9 @@ class DistributedWeightUpdater:
         }
         if version is not None:
             payload["weight_version"] = version
-        replies = post_all(self.engine_urls, "/update_weights_from_distributed", payload, self.timeout)
+        replies = update_from_distributed(self.engine_urls, payload, self.timeout)
         started = time.monotonic()
+        assert self.group is not None  # a sender's group is open while it pushes
         work = start_broadcast_from_rank0(self.group, bucket.flattened_tensor, self.timeout)
 
         def wait() -> None:
@@ -229,7 +233,7 @@ class DistributedWeightUpdater:
         """``/destroy_weights_update_group`` on every engine. Best effort after a failure: an engine
         that lost the group, or is gone, is reported by the next push."""
         payload = {"group_name": self.group_name}
-        replies = post_all(self.engine_urls, "/destroy_weights_update_group", payload, timeout)
+        replies = destroy_group(self.engine_urls, payload, timeout)
         if not best_effort:
             wait_all(replies)
             return

@@ -21,6 +21,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -35,6 +36,16 @@ DEFAULT_TIMEOUT_S = 300.0
 TRANSPORT_TIMEOUT_MARGIN_S = 60.0
 
 
+class WeightGroup(Protocol):
+    """The backend ``create_weight_update_group`` builds (``ProcessGroupGloo`` / ``ProcessGroupNCCL``),
+    used directly: what the weight-update code calls on it."""
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: dist.BroadcastOptions) -> dist.Work: ...
+    def rank(self) -> int: ...
+    def size(self) -> int: ...
+    def abort(self) -> None: ...
+
+
 def create_weight_update_group(
     master_address: str,
     master_port: int,
@@ -43,14 +54,14 @@ def create_weight_update_group(
     group_name: str = "weight_update_group",
     backend: str = "gloo",
     timeout_s: float = DEFAULT_TIMEOUT_S,
-) -> dist.ProcessGroup:
+) -> WeightGroup:
     """Join (rank > 0) or host (rank 0) a weight-update group; returns the backend (gloo or nccl) object.
 
     Same rendezvous as SGLang's engine and trainer side (see the module docstring). Blocks until all
     `world_size` ranks have joined or `timeout_s` passed (then raises).
     """
     timeout = datetime.timedelta(seconds=timeout_s)
-    store = dist.TCPStore(
+    store: dist.Store = dist.TCPStore(
         master_address,
         int(master_port),
         world_size,
@@ -62,6 +73,7 @@ def create_weight_update_group(
     )
     store = dist.PrefixStore(group_name, store)
     store = dist.PrefixStore(f"{group_name}/", store)
+    group: dist.ProcessGroupGloo | dist.ProcessGroupNCCL
     if backend == "gloo":
         group = dist.ProcessGroupGloo(dist.PrefixStore("cpu/", store), rank, world_size, timeout)
     elif backend == "nccl":
@@ -74,10 +86,10 @@ def create_weight_update_group(
         raise ValueError(f"unsupported weight-update backend {backend!r} (use gloo or nccl)")
     if hasattr(group, "_set_sequence_number_for_group"):
         group._set_sequence_number_for_group()  # what torch's helper does after building a backend
-    return group
+    return cast(WeightGroup, group)  # torch's stubs leave the backends' collectives (broadcast) out
 
 
-def start_broadcast_from_rank0(group: dist.ProcessGroup, tensor: torch.Tensor, timeout_s: float) -> dist.Work:
+def start_broadcast_from_rank0(group: WeightGroup, tensor: torch.Tensor, timeout_s: float) -> dist.Work:
     """Start receiving (or, on rank 0, sending) `tensor` in place; wait on the result with
     `wait_for_work` and the same `timeout_s` (gloo's own timeout, the backstop, is later)."""
     options = dist.BroadcastOptions()
@@ -88,7 +100,7 @@ def start_broadcast_from_rank0(group: dist.ProcessGroup, tensor: torch.Tensor, t
 
 
 def broadcast_from_rank0(
-    group: dist.ProcessGroup,
+    group: WeightGroup,
     tensor: torch.Tensor,
     timeout_s: float,
     stop: Callable[[], BaseException | None] | None = None,
@@ -103,7 +115,7 @@ def broadcast_from_rank0(
 
 # Groups whose collective was given up on. Destroying one blocks until its pending operation times
 # out (gloo joins its worker thread; NCCL waits for the kernel), so they are kept, unused, instead.
-_ABANDONED: list[dist.ProcessGroup] = []
+_ABANDONED: list[WeightGroup] = []
 
 POLL_S = 0.005
 SPIN_S = 0.001
@@ -158,7 +170,7 @@ def wait_for_work(
     work.wait(datetime.timedelta(seconds=timeout_s))  # raises the collective's own error, if any
 
 
-def abandon_group(group: dist.ProcessGroup | None) -> None:
+def abandon_group(group: WeightGroup | None) -> None:
     """Drops a group whose last collective may still be pending, without blocking on it.
 
     An NCCL group is aborted first: its watchdog would otherwise end the whole process when the

@@ -23,10 +23,11 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
+from slime.config.settings.weight_sync import WeightSyncSettings
+from slime.engine_client.calls import wait_all
+from slime.engine_client.weight_updates import update_from_tensor
 from slime.weight_sync import ipc
 from slime.weight_sync.bucketing import send_pipelined
-from slime.weight_sync.engine_client import post_all, wait_all
-from slime.weight_sync.settings import WeightSyncSettings
 
 
 class TensorWeightUpdater:
@@ -96,7 +97,8 @@ class TensorWeightUpdater:
             }
             if version is not None:
                 payload["weight_version"] = version
-            replies = post_all([self.engine_url], "/update_weights_from_tensor", payload, self.timeout)
+            assert self.engine_url is not None  # the leader connected to its engine
+            replies = update_from_tensor([self.engine_url], payload, self.timeout)
 
         def wait() -> None:
             try:

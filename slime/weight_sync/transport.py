@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from slime.weight_sync.settings import WeightSyncSettings
+from slime.config.settings.weight_sync import WeightSyncSettings
 
 
 class WeightUpdater(Protocol):

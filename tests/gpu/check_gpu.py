@@ -45,7 +45,6 @@ import torch.multiprocessing as mp
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
 
 
 def tiny_model(root: Path) -> Path:
@@ -57,12 +56,12 @@ def tiny_model(root: Path) -> Path:
 def check_megatron_bf16(model: Path, root: Path, model_flags: list[str] | None = None) -> dict[str, float]:
     """One bf16 SFT step of megatron-core on CUDA (NCCL world of one) through ``MegatronTrainer``;
     ``model_flags`` default to the tiny Qwen2 script's ([]: every model flag from config.json)."""
-    from conftest import model_args
-
     from slime.backends.megatron.policy_inputs import step_shard
     from slime.backends.megatron.trainer import MegatronTrainer
     from slime.config import parse_args
+    from slime.config.settings.trainer import TrainerSettings
     from slime.utils.http import free_port
+    from tests.support.models import model_args
 
     args = parse_args(
         [
@@ -79,7 +78,8 @@ def check_megatron_bf16(model: Path, root: Path, model_flags: list[str] | None =
             "--num-rollout", "1",
         ]
     )  # fmt: skip
-    trainer = MegatronTrainer(args, 0, 1, "127.0.0.1", free_port())
+    settings = TrainerSettings.from_args(args)
+    trainer = MegatronTrainer(settings, args, 0, 1, "127.0.0.1", free_port())
     try:
         gen = torch.Generator().manual_seed(0)
         data = {"tokens": [], "response_lengths": [], "loss_masks": []}
@@ -87,7 +87,8 @@ def check_megatron_bf16(model: Path, root: Path, model_flags: list[str] | None =
             data["tokens"].append(torch.randint(3, 40, (12 + i,), generator=gen).tolist())
             data["response_lengths"].append(4)
             data["loss_masks"].append([1] * 4)
-        data = step_shard(data, 0, 1, 0, 1, args.loss_agg_mode)  # as a trainer rank prepares its shard
+        # as a trainer rank prepares its shard
+        data = step_shard(data, 0, 1, 0, 1, settings.loss.loss_agg_mode)
         before = {name: t.clone() for name, t in trainer.iter_hf_weights()}
         assert all(t.is_cuda for t in before.values()), "the trainer's weights are not on CUDA"
         torch.cuda.synchronize()
@@ -425,7 +426,6 @@ def engine_has(url: str, state: dict[str, torch.Tensor]) -> None:
 
 def check_real_sglang(model: Path, root: Path) -> dict[str, float | str | bool]:
     """The real SGLang server through slime's launcher, client and updaters (see the module docstring)."""
-    import argparse as _argparse
 
     import torch.distributed as dist
     from megatron.core import parallel_state as mpu
@@ -434,19 +434,20 @@ def check_real_sglang(model: Path, root: Path) -> dict[str, float | str | bool]:
     from slime.backends.engine_server import start_engine_server
     from slime.backends.sglang import server_command
     from slime.backends.torch_engine.weights import iter_safetensors
-    from slime.utils.engine_api import probe_engine_api
+    from slime.config.settings.rollout import EngineSettings
+    from slime.config.settings.weight_sync import WeightSyncSettings
+    from slime.engine_client.protocol import probe_engine_api
+    from slime.engine_client.weight_updates import weight_update_session
     from slime.utils.http import free_port
     from slime.weight_sync import distributed as distributed_sync
-    from slime.weight_sync.engine_client import weight_update_session
-    from slime.weight_sync.settings import WeightSyncSettings
     from slime.weight_sync.tensor import TensorWeightUpdater
 
-    launch = _argparse.Namespace(
+    launch = EngineSettings(
+        backend="sglang",
         hf_checkpoint=str(model),
-        rollout_seed=0,
-        colocate=False,
+        seed=0,
         log_level="warning",
-        sglang_server_args={"mem_fraction_static": "0.2", "disable_cuda_graph": True},
+        server_args=(("mem_fraction_static", "0.2"), ("disable_cuda_graph", True)),
     )
 
     def command(host: str, port: int) -> list[str]:
@@ -525,9 +526,9 @@ def run_checks(handoff_gb: float = 1.0) -> dict[str, dict]:
         server.stop()
     timed("cuda_ipc_handoff_two_processes", lambda: check_ipc_throughput(handoff_gb))
     timed("nccl_broadcast_to_a_peer_that_stops_joining", check_broadcast_to_a_peer_that_stops_joining)
-    from slime.backends import sglang
+    from slime.config.engine_backend import sglang_installed
 
-    if sglang.is_available():
+    if sglang_installed():
         timed("real_sglang_generate_and_weight_pushes", lambda: check_real_sglang(model, root))
     else:
         print("skip real_sglang_generate_and_weight_pushes: SGLang is not installed", flush=True)

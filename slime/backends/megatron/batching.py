@@ -311,6 +311,7 @@ def pad_to_shape(batch: MicroBatch, rows: int, length: int, pad_id: int = 0) -> 
     device = batch.tokens.device
     tokens = torch.nn.functional.pad(batch.tokens, (0, extra_cols, 0, extra_rows), value=pad_id)
     if batch.packed:
+        assert batch.cu_seqlens is not None  # what packed means
         positions = torch.cat([batch.position_ids, torch.arange(extra_cols, device=device)[None]], dim=1)
         bounds = torch.cat([batch.cu_seqlens, batch.cu_seqlens[-1:] + extra_cols])
         blocks = batch.response_blocks

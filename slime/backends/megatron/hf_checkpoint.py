@@ -46,7 +46,7 @@ class SafetensorsReader:
             for path in files:
                 with safe_open(path, framework="pt") as f:
                     self._file_of.update(dict.fromkeys(f.keys(), path))
-        self._handles: dict[Path, object] = {}
+        self._handles: dict[Path, safe_open] = {}
 
     def names(self) -> list[str]:
         return list(self._file_of)

@@ -5,7 +5,8 @@ produced for it, and returns its share of the global loss plus metric shares agg
 way (so that summing over micro-batches and data-parallel ranks gives global values).
 
 ``--loss-type custom_loss --custom-loss-function-path module.fn`` plugs in
-``fn(args, batch, log_probs, entropy) -> (loss, metrics)``, loaded once per trainer actor:
+``fn(args, batch, log_probs, entropy) -> (loss, metrics)`` (``args``: the run's namespace), loaded once
+per trainer actor:
 
 * ``batch`` is a :class:`~slime.backends.megatron.batching.MicroBatch`; ``batch.per_sample(key, device)``
   gives one tensor per sample for ``loss_masks``, ``advantages``, ``old_log_probs``, ``ref_log_probs``
@@ -40,16 +41,12 @@ from slime.algorithms.losses import (
 )
 from slime.algorithms.mismatch import ROLLOUT_LOGPROB_COVERAGE, masked_is_weights, mismatch_token_metrics
 from slime.backends.megatron.batching import MicroBatch
+from slime.config.settings.trainer import LossSettings, TrainerSettings
 
 LossFn = Callable[[MicroBatch, list[torch.Tensor], list[torch.Tensor] | None], tuple[torch.Tensor, dict]]
 
 
-def needs_reference(args: argparse.Namespace) -> bool:
-    """A frozen reference policy is kept whenever KL is used: as a loss or as reward shaping."""
-    return args.loss_type != "value_loss" and (args.use_kl_loss or args.kl_coef != 0.0)
-
-
-def old_log_probs_are_current(args: argparse.Namespace) -> bool:
+def old_log_probs_are_current(settings: TrainerSettings) -> bool:
     """Whether the old policy's log-probs are exactly the training forward's, detached, so the separate
     old-logprob forward can be skipped (as TRL does with one iteration).
 
@@ -60,16 +57,17 @@ def old_log_probs_are_current(args: argparse.Namespace) -> bool:
     build advantages from them), a custom loss (it may read them), or the engine's log-probs standing
     in for them (``--use-rollout-logprobs``). ``--force-old-logprob-pass`` keeps the pass.
     """
+    loss = settings.loss
     return (
-        not args.force_old_logprob_pass
-        and args.loss_type == "policy_loss"
-        and not args.use_rollout_logprobs
-        and args.num_steps_per_rollout == 1
-        and args.hidden_dropout == 0.0
-        and args.attention_dropout == 0.0
-        and not needs_reference(args)
-        and args.custom_advantage_function_path is None
-        and args.advantage_estimator not in TOKEN_LEVEL_ESTIMATORS
+        not loss.force_old_logprob_pass
+        and loss.loss_type == "policy_loss"
+        and not loss.use_rollout_logprobs
+        and settings.batch.num_steps_per_rollout == 1
+        and settings.model.hidden_dropout == 0.0
+        and settings.model.attention_dropout == 0.0
+        and not loss.needs_reference
+        and loss.custom_advantage_function_path is None
+        and loss.advantage_estimator not in TOKEN_LEVEL_ESTIMATORS
     )
 
 
@@ -104,14 +102,14 @@ def sft_loss_fn(batch: MicroBatch, log_probs: list[torch.Tensor], entropy: list[
     return loss, metrics
 
 
-def policy_token_losses(args: argparse.Namespace) -> Callable[..., tuple]:
+def policy_token_losses(loss: LossSettings) -> Callable[..., tuple]:
     """The policy loss of ``--advantage-estimator`` over the flat tokens of a micro-batch:
     ``(log_probs, old, advantages, tokens)`` to ``(loss, clipped, approx_kl)`` per token
     (``slime.algorithms.losses``)."""
-    low, high, dual = args.eps_clip, args.eps_clip_high, args.eps_clip_c
-    if args.advantage_estimator == "gspo":
+    low, high, dual = loss.eps_clip, loss.eps_clip_high, loss.eps_clip_c
+    if loss.advantage_estimator == "gspo":
         return lambda lp, old, adv, tokens: gspo_loss(lp, old, adv, tokens.mask, low, high, dual, tokens)
-    if args.advantage_estimator == "cispo":
+    if loss.advantage_estimator == "cispo":
         return lambda lp, old, adv, tokens: cispo_loss(lp, old, adv, low, high)
     return lambda lp, old, adv, tokens: ppo_clip_loss(lp, old, adv, low, high, dual)
 
@@ -149,15 +147,16 @@ def only_known(
     return torch.where(known > 0, weights, 1.0), torch.where(known > 0, flags, unknown_flag)
 
 
-def make_policy_loss_fn(args: argparse.Namespace) -> LossFn:
+def make_policy_loss_fn(settings: TrainerSettings) -> LossFn:
     """Clipped policy loss (PPO / dual-clip PPO, GSPO or CISPO by ``--advantage-estimator``) with optional
     truncated or masked importance sampling, KL-to-reference and entropy terms. Needs per-sample
     ``advantages`` and ``old_log_probs`` (unless ``old_log_probs_are_current``); ``ref_log_probs``
     with ``--use-kl-loss``; ``rollout_log_probs`` (the engine's) with ``--use-tis`` / ``--use-mis``,
     and otherwise only for the mismatch metrics. Computed over the micro-batch's tokens as one flat
     vector (``FlatTokens``)."""
-    token_losses = policy_token_losses(args)
-    old_is_current = old_log_probs_are_current(args)
+    opts = settings.loss
+    token_losses = policy_token_losses(opts)
+    old_is_current = old_log_probs_are_current(settings)
 
     def policy_loss_fn(batch: MicroBatch, log_probs: list[torch.Tensor], entropy: list[torch.Tensor] | None):
         device = log_probs[0].device
@@ -168,19 +167,25 @@ def make_policy_loss_fn(args: argparse.Namespace) -> LossFn:
         token_loss, clipped, approx_kl = token_losses(current, old, advantages, tokens)
         metrics = {}
         rollout, known = rollout_log_probs_of(batch, device)
-        if (args.use_tis or args.use_mis) and rollout is None:
-            flag = "--use-tis" if args.use_tis else "--use-mis"
+        if (opts.use_tis or opts.use_mis) and rollout is None:
+            flag = "--use-tis" if opts.use_tis else "--use-mis"
             raise KeyError(f"{flag} needs the engine's rollout_log_probs in the train data")
-        if args.use_tis:
+        if opts.use_tis:
+            assert rollout is not None and known is not None  # raised above otherwise
             tis, tis_clipped = only_known(
-                truncated_is_weights(old, rollout, args.tis_clip_low, args.tis_clip), known, 0.0
+                truncated_is_weights(old, rollout, opts.tis_clip_low, opts.tis_clip), known, 0.0
             )
             token_loss = token_loss * tis
             metrics["tis"] = tokens.aggregate(tis)
             metrics["tis_clipfrac"] = tokens.aggregate(tis_clipped)
-        if args.use_mis:
-            bounds = (args.mis_level, args.mis_lower_bound, args.mis_upper_bound)
-            mis, kept = only_known(masked_is_weights(old, rollout, tokens.mask, *bounds, tokens), known, 1.0)
+        if opts.use_mis:
+            assert rollout is not None and known is not None  # raised above otherwise
+            low = opts.mis_lower_bound
+            assert low is not None  # --use-mis: derived from --mis-upper-bound when not given
+            weights = masked_is_weights(
+                old, rollout, tokens.mask, opts.mis_level, low, opts.mis_upper_bound, tokens
+            )
+            mis, kept = only_known(weights, known, 1.0)
             token_loss = token_loss * mis
             metrics["mis"] = tokens.aggregate(mis)
             metrics["mis_masked_frac"] = tokens.aggregate(1.0 - kept)
@@ -192,23 +197,24 @@ def make_policy_loss_fn(args: argparse.Namespace) -> LossFn:
         )
         loss = pg_loss
         if entropy is not None:
-            loss = _entropy_bonus(loss, metrics, tokens.aggregate(torch.cat(entropy)), args.entropy_coef)
-        if args.use_kl_loss:
+            loss = _entropy_bonus(loss, metrics, tokens.aggregate(torch.cat(entropy)), opts.entropy_coef)
+        if opts.use_kl_loss:
             ref = flat_samples(batch, "ref_log_probs", device)
-            kl_loss = tokens.aggregate(kl_estimate(current, ref, args.kl_loss_type))
+            kl_loss = tokens.aggregate(kl_estimate(current, ref, opts.kl_loss_type))
             metrics["kl_loss"] = kl_loss.detach()
-            loss = loss + args.kl_loss_coef * kl_loss
+            loss = loss + opts.kl_loss_coef * kl_loss
         if rollout is not None:
+            assert known is not None  # given with the rollout's log-probs
             metrics[ROLLOUT_LOGPROB_COVERAGE] = tokens.aggregate(known)
             scored = dataclasses.replace(tokens, mask=tokens.mask * known)
-            per_token = mismatch_token_metrics(current, rollout, args.tis_clip_low, args.tis_clip)
+            per_token = mismatch_token_metrics(current, rollout, opts.tis_clip_low, opts.tis_clip)
             metrics.update({key: scored.aggregate(value) for key, value in per_token.items()})
         return loss, metrics
 
     return policy_loss_fn
 
 
-def make_value_loss_fn(args: argparse.Namespace) -> LossFn:
+def make_value_loss_fn(value_clip: float) -> LossFn:
     """The critic's loss (``--advantage-estimator ppo``): clipped value loss against the GAE returns.
 
     ``log_probs`` are the value head's per-token values here (the critic runs the same forward with a
@@ -223,7 +229,7 @@ def make_value_loss_fn(args: argparse.Namespace) -> LossFn:
         old = batch.per_sample("values", device)
         returns = batch.per_sample("returns", device)
         parts = [
-            clipped_value_loss(v, o, r, args.value_clip) for v, o, r in zip(values, old, returns, strict=True)
+            clipped_value_loss(v, o, r, value_clip) for v, o, r in zip(values, old, returns, strict=True)
         ]
         loss = weighted_token_sum([p[0] for p in parts], masks, weights)
         metrics = {
@@ -237,27 +243,32 @@ def make_value_loss_fn(args: argparse.Namespace) -> LossFn:
     return value_loss_fn
 
 
-def make_custom_loss_fn(args: argparse.Namespace) -> LossFn:
-    """``--custom-loss-function-path`` bound to ``args`` (see the module docstring for the contract)."""
+def make_custom_loss_fn(path: str, plugin_args: argparse.Namespace) -> LossFn:
+    """``--custom-loss-function-path`` bound to the run's namespace (see the module docstring for the
+    contract)."""
     from slime.utils.plugins import load_function
 
-    fn = load_function(args.custom_loss_function_path)
+    fn = load_function(path)
 
     def custom_loss_fn(batch: MicroBatch, log_probs: list[torch.Tensor], entropy: list[torch.Tensor] | None):
-        return fn(args, batch, log_probs, entropy)
+        return fn(plugin_args, batch, log_probs, entropy)
 
     return custom_loss_fn
 
 
-def build_loss_fn(args: argparse.Namespace) -> LossFn:
-    if args.loss_type == "custom_loss":
-        return make_custom_loss_fn(args)
-    if args.loss_type == "value_loss":  # set on the critic's copy of the arguments only
-        return make_value_loss_fn(args)
-    losses = {"sft_loss": sft_loss_fn, "policy_loss": make_policy_loss_fn(args)}
+def build_loss_fn(settings: TrainerSettings, plugin_args: argparse.Namespace) -> LossFn:
+    """``plugin_args``: the run's namespace, handed to a ``--custom-loss-function-path`` plugin only."""
+    loss_type = settings.loss.loss_type
+    if loss_type == "custom_loss":
+        path = settings.loss.custom_loss_function_path
+        assert path is not None  # validate_args requires it with --loss-type custom_loss
+        return make_custom_loss_fn(path, plugin_args)
+    if loss_type == "value_loss":  # the critic's settings only (``critic_settings``)
+        return make_value_loss_fn(settings.loss.value_clip)
+    losses = {"sft_loss": sft_loss_fn, "policy_loss": make_policy_loss_fn(settings)}
     try:
-        return losses[args.loss_type]
+        return losses[loss_type]
     except KeyError:
         raise ValueError(
-            f"--loss-type {args.loss_type!r} is not available; choose one of {sorted(losses)}"
+            f"--loss-type {loss_type!r} is not available; choose one of {sorted(losses)}"
         ) from None

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 from megatron.core import parallel_state as mpu
 from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
@@ -21,14 +19,10 @@ from megatron.core.transformer import multi_latent_attention as mla
 from megatron.core.transformer.module import Float16Module
 from megatron.core.transformer.moe import moe_utils
 
-from slime.backends.megatron.config import (
-    ddp_config_from_args,
-    optimizer_config_from_args,
-    padded_vocab_size,
-)
+from slime.backends.megatron.config import ddp_config, optimizer_config, padded_vocab_size
 from slime.backends.megatron.packed_attention import PackedDotProductAttention, use_batched_thd_rope
 from slime.backends.megatron.post_norm_layer import with_post_norms
-from slime.config.validate import lr_schedule_steps
+from slime.config.settings.trainer import ModelSettings, TrainerSettings
 
 if not moe_utils.HAVE_TE:
     # megatron-core 0.16's router GEMM tests ``te_general_gemm is not None`` but only binds the name
@@ -40,52 +34,44 @@ if not te_extension.HAVE_TE:
     mla.HAVE_TE = False
 
 
-def _layer_spec(args: argparse.Namespace, config: TransformerConfig, vp_stage: int | None):
+def _layer_spec(model: ModelSettings, config: TransformerConfig, vp_stage: int | None):
     """One spec for every layer, or, in an MoE model, the block of this stage's layers (dense and MoE
     layers differ: ``--moe-layer-freq``, e.g. DeepSeek-V3's first three layers are dense)."""
-    te = args.transformer_impl == "transformer_engine"
-    if args.num_experts:
-        block = get_gpt_decoder_block_spec(config, te, normalization=args.normalization, vp_stage=vp_stage)
-        block.layer_specs = [_adapt(layer, args, te) for layer in block.layer_specs]
+    te = model.transformer_impl == "transformer_engine"
+    if model.num_experts:
+        block = get_gpt_decoder_block_spec(config, te, normalization=model.normalization, vp_stage=vp_stage)
+        block.layer_specs = [_adapt(layer, model, te) for layer in block.layer_specs]
         return block
     if te:
         spec = get_gpt_layer_with_transformer_engine_spec(
-            qk_layernorm=args.qk_layernorm, multi_latent_attention=args.multi_latent_attention
+            qk_layernorm=model.qk_layernorm, multi_latent_attention=model.multi_latent_attention
         )
     else:
         spec = get_gpt_layer_local_spec(
-            qk_layernorm=args.qk_layernorm,
-            normalization=args.normalization,
-            multi_latent_attention=args.multi_latent_attention,
+            qk_layernorm=model.qk_layernorm,
+            normalization=model.normalization,
+            multi_latent_attention=model.multi_latent_attention,
         )
-    return _adapt(spec, args, te)
+    return _adapt(spec, model, te)
 
 
-def _adapt(spec, args: argparse.Namespace, te: bool):
+def _adapt(spec, model: ModelSettings, te: bool):
     """Packed (THD) micro-batches: the local attention learns them as one right-padded batch (and
     RoPE is applied to them with one gather, ``use_batched_thd_rope``). GLM-4's
     norms of the attention and MLP outputs (``--post-self-attn-layernorm``, ``--post-mlp-layernorm``)."""
     if not te:
         spec.submodules.self_attention.submodules.core_attention = PackedDotProductAttention
         use_batched_thd_rope()
-    if args.post_self_attn_layernorm or args.post_mlp_layernorm:
+    if model.post_self_attn_layernorm or model.post_mlp_layernorm:
         spec = with_post_norms(
-            spec, te, args.normalization, args.post_self_attn_layernorm, args.post_mlp_layernorm
+            spec, te, model.normalization, model.post_self_attn_layernorm, model.post_mlp_layernorm
         )
     return spec
 
 
-def virtual_stages(args: argparse.Namespace) -> int | None:
-    """Model chunks per pipeline rank (interleaved 1F1B), or None without virtual stages."""
-    if args.num_layers_per_virtual_pipeline_stage is None:
-        return None
-    layers_per_stage = args.num_layers // args.pipeline_model_parallel_size
-    return layers_per_stage // args.num_layers_per_virtual_pipeline_stage
-
-
-def build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> list[torch.nn.Module]:
+def build_model_chunks(settings: TrainerSettings, config: TransformerConfig) -> list[torch.nn.Module]:
     """One GPTModel per virtual pipeline stage of this rank, unwrapped (weights are loaded next)."""
-    num_vp = virtual_stages(args)
+    num_vp = settings.virtual_stages
     config.virtual_pipeline_model_parallel_size = num_vp
     chunks = []
     for vp_stage in range(num_vp or 1):
@@ -93,18 +79,18 @@ def build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> l
         chunks.append(
             GPTModel(
                 config=config,
-                transformer_layer_spec=_layer_spec(args, config, stage),
-                vocab_size=padded_vocab_size(args),
-                max_sequence_length=args.max_position_embeddings,
+                transformer_layer_spec=_layer_spec(settings.model, config, stage),
+                vocab_size=padded_vocab_size(settings),
+                max_sequence_length=settings.model.max_position_embeddings,
                 pre_process=mpu.is_pipeline_first_stage(ignore_virtual=False, vp_stage=stage),
                 post_process=mpu.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage),
                 parallel_output=True,
-                share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
-                position_embedding_type=args.position_embedding_type,
-                rotary_percent=args.rotary_percent,
-                rotary_base=args.rotary_base,
-                rope_scaling=args.use_rope_scaling,
-                rope_scaling_factor=args.rope_scaling_factor,
+                share_embeddings_and_output_weights=not settings.model.untie_embeddings_and_output_weights,
+                position_embedding_type=settings.model.position_embedding_type,
+                rotary_percent=settings.model.rotary_percent,
+                rotary_base=settings.model.rotary_base,
+                rope_scaling=settings.model.use_rope_scaling,
+                rope_scaling_factor=settings.model.rope_scaling_factor,
                 vp_stage=stage,
             )
         )
@@ -112,14 +98,14 @@ def build_model_chunks(args: argparse.Namespace, config: TransformerConfig) -> l
 
 
 def wrap_for_training(
-    args: argparse.Namespace, config: TransformerConfig, chunks: list[torch.nn.Module]
+    settings: TrainerSettings, config: TransformerConfig, chunks: list[torch.nn.Module]
 ) -> list[DistributedDataParallel]:
     """bf16/fp16 wrapper first, then DDP with contiguous grad buffers, as Megatron-LM does."""
-    if args.bf16 or args.fp16:
+    if settings.model.bf16 or settings.model.fp16:
         chunks = [Float16Module(config, chunk) for chunk in chunks]
-    ddp_config = ddp_config_from_args(args)
+    ddp = ddp_config(settings)
     wrapped = [
-        DistributedDataParallel(config, ddp_config, chunk, disable_bucketing=index > 0)
+        DistributedDataParallel(config, ddp, chunk, disable_bucketing=index > 0)
         for index, chunk in enumerate(chunks)
     ]
     # Without this the DP gradients are silently never reduced.
@@ -128,27 +114,28 @@ def wrap_for_training(
 
 
 def build_optimizer(
-    args: argparse.Namespace, model: list[DistributedDataParallel]
+    settings: TrainerSettings, model: list[DistributedDataParallel]
 ) -> tuple[MegatronOptimizer, OptimizerParamScheduler]:
     """Optimizer over the DDP chunks and Megatron's LR / weight-decay schedule in optimizer steps."""
-    optimizer = get_megatron_optimizer(optimizer_config_from_args(args), model)
-    decay_steps = max(lr_schedule_steps(args), 1)
-    warmup_steps = args.lr_warmup_iters
-    if args.lr_warmup_fraction is not None:
-        warmup_steps = int(args.lr_warmup_fraction * decay_steps)
-    start_wd = args.start_weight_decay if args.start_weight_decay is not None else args.weight_decay
-    end_wd = args.end_weight_decay if args.end_weight_decay is not None else args.weight_decay
+    optimizer = get_megatron_optimizer(optimizer_config(settings), model)
+    opt = settings.optimizer
+    decay_steps = max(settings.lr_schedule_steps, 1)
+    warmup_steps = opt.lr_warmup_iters
+    if opt.lr_warmup_fraction is not None:
+        warmup_steps = int(opt.lr_warmup_fraction * decay_steps)
+    start_wd = opt.start_weight_decay if opt.start_weight_decay is not None else opt.weight_decay
+    end_wd = opt.end_weight_decay if opt.end_weight_decay is not None else opt.weight_decay
     scheduler = OptimizerParamScheduler(
         optimizer,
-        init_lr=args.lr_warmup_init,
-        max_lr=args.lr,
-        min_lr=args.min_lr,
+        init_lr=opt.lr_warmup_init,
+        max_lr=opt.lr,
+        min_lr=opt.min_lr,
         lr_warmup_steps=warmup_steps,
         lr_decay_steps=decay_steps,
-        lr_decay_style=args.lr_decay_style,
+        lr_decay_style=opt.lr_decay_style,
         start_wd=start_wd,
         end_wd=end_wd,
         wd_incr_steps=decay_steps,
-        wd_incr_style=args.weight_decay_incr_style,
+        wd_incr_style=opt.weight_decay_incr_style,
     )
     return optimizer, scheduler

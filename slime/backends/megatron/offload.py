@@ -42,7 +42,8 @@ class TrainerMemory:
     def groups(self) -> dict[str, list[torch.Tensor]]:
         """The tensors of each group; a storage shared with the weights moves with the weights."""
         params = [p for chunk in self.model for p in chunk.parameters()]
-        state = [p.main_grad for p in params if getattr(p, "main_grad", None) is not None]
+        # main_grad: the fp32 gradient buffer megatron-core's DDP attaches to each parameter
+        state = [grad for p in params if (grad := getattr(p, "main_grad", None)) is not None]
         state += [b.grad_data for chunk in self.model for b in getattr(chunk, "buffers", [])]
         for inner in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
             for group in inner.optimizer.param_groups:

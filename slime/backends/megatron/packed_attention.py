@@ -56,6 +56,8 @@ class PackedDotProductAttention(DotProductAttention):
     width of the output.
     """
 
+    hidden_size_per_partition: int  # megatron-core's: the width of the output on this rank
+
     def __init__(self, *args, k_channels: int | None = None, v_channels: int | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         if v_channels is not None:
@@ -81,7 +83,7 @@ class PackedDotProductAttention(DotProductAttention):
         rows = packed_rows(packed_seq_params.cu_seqlens_q)
         padded = [pad_sequences(t, rows) for t in (query, key, value)]
         if self._fused_applies(query, attention_bias):
-            out = self._fused(*padded, rows.hidden)
+            out = self._fused(padded[0], padded[1], padded[2], rows.hidden)
         else:
             out = super().forward(*padded, rows.hidden, attn_mask_type, attention_bias)
         return out.flatten(0, 1)[rows.index].unsqueeze(1)
@@ -149,6 +151,7 @@ def rows_of(
     max_len = int(lengths.max())
     if blocks is None:
         return PackedRows(cu_seqlens, offset, index, max_len, num_seqs)
+    assert positions is not None  # the shared-prompt mask needs the tokens' positions
     padded = blocks.new_zeros(max_len * num_seqs).index_copy(0, index, blocks).view(max_len, num_seqs).T
     columns = torch.arange(max_len, device=blocks.device)
     later = columns[None, :] > columns[:, None]
@@ -181,6 +184,7 @@ def shared_prompt_layouts(batches: Sequence[MicroBatch]) -> Iterator[None]:
     recomputation of activations in the backward pass asks for them again)."""
     for batch in batches:
         if batch.response_blocks is not None:
+            assert batch.cu_seqlens is not None  # response blocks only in a packed micro-batch
             rows = rows_of(batch.cu_seqlens, batch.position_ids[0], batch.response_blocks)
             _shared_rows[id(batch.cu_seqlens)] = rows
     try:
@@ -231,5 +235,6 @@ def use_batched_thd_rope() -> None:
             mscale=mscale,
         ).squeeze(1)
 
-    batched.baseline = baseline  # megatron-core's own, for the check that both agree
+    # megatron-core's own, for the check that both agree (an attribute of the function: its __dict__)
+    batched.__dict__["baseline"] = baseline
     rope_utils._apply_rotary_pos_emb_thd = batched

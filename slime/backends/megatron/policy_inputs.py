@@ -29,6 +29,7 @@ import torch
 from slime.algorithms import advantages as adv
 from slime.algorithms.aggregation import loss_weights
 from slime.backends.megatron.batching import SAMPLE_KEYS, TrainData, check_train_data
+from slime.config.settings.trainer import TrainerSettings
 
 
 @dataclass(frozen=True)
@@ -95,31 +96,31 @@ class PolicyInputs:
     """One trainer rank's pipeline from a rollout's rewards to the per-token inputs of the policy loss.
 
     ``returns`` holds ``(position in the rollout, GAE returns)`` of this rank's samples after a PPO
-    rollout: the critic's targets.
+    rollout: the critic's targets. ``plugin_args``, the run's namespace, goes to a
+    ``--custom-advantage-function-path`` plugin only.
     """
 
-    def __init__(self, args: argparse.Namespace, dp: DataParallel) -> None:
-        self.args, self.dp = args, dp
+    def __init__(self, settings: TrainerSettings, dp: DataParallel, plugin_args: argparse.Namespace) -> None:
+        self.loss, self.batch, self.dp = settings.loss, settings.batch, dp
+        self.plugin_args = plugin_args
         # A custom loss gets the policy loss's inputs (advantages, old/ref log-probs) too.
-        self.trains_policy = args.loss_type in ("policy_loss", "custom_loss")
-        self.custom = args.custom_advantage_function_path is not None
-        self.token_level = not self.custom and args.advantage_estimator in adv.TOKEN_LEVEL_ESTIMATORS
+        self.trains_policy = self.loss.loss_type in ("policy_loss", "custom_loss")
+        self.custom = self.loss.custom_advantage_function_path is not None
+        self.token_level = not self.custom and self.loss.advantage_estimator in adv.TOKEN_LEVEL_ESTIMATORS
         self.returns: list[tuple[int, list[float]]] | None = None
-        self._custom_advantage_fn = None
+        self._custom_advantage_fn: Callable[..., Any] | None = None
 
     def shards(self, data: TrainData) -> list[TrainData]:
         """This rank's shard of every optimizer step, with the advantages that need no log-probs."""
-        args = self.args
         if self.trains_policy and self.custom:
             data = {**data, "advantages": self._custom_advantages(data)}
         elif self.trains_policy and not self.token_level:
             data = {**data, "advantages": self.outcome_advantages(data, data["rewards"])}
         # Where each sample sits in the rollout, so that values computed per shard find their sample.
         data = {**data, "positions": list(range(len(data["tokens"])))}
-        steps = args.num_steps_per_rollout
-        return [
-            step_shard(data, s, steps, self.dp.rank, self.dp.size, args.loss_agg_mode) for s in range(steps)
-        ]
+        steps = self.batch.num_steps_per_rollout
+        aggregation = self.loss.loss_agg_mode
+        return [step_shard(data, s, steps, self.dp.rank, self.dp.size, aggregation) for s in range(steps)]
 
     def complete(self, data: TrainData, shards: list[TrainData]) -> None:
         """Adds the advantages that need the old and reference log-probs the trainer added to ``shards``.
@@ -130,19 +131,18 @@ class PolicyInputs:
             return
         if self.token_level:
             self._token_level_advantages(shards)
-        elif self.args.kl_coef and not self.custom:
+        elif self.loss.kl_coef and not self.custom:
             self._kl_shaped_outcome_advantages(data, shards)
 
     def outcome_advantages(self, data: TrainData, rewards: list[float]) -> list:
         """``--advantage-estimator``'s per-token advantages of the rollout ``data`` for ``rewards``
         (the data's own, or KL-shaped), normalised over the rollout's prompt groups."""
-        args = self.args
         return adv.outcome_advantages(
             rewards,
             data["response_lengths"],
-            data.get("prompt_groups") or args.n_samples_per_prompt,
-            args.advantage_estimator,
-            normalize_std=not args.disable_grpo_std_normalization,
+            data.get("prompt_groups") or self.batch.n_samples_per_prompt,
+            self.loss.advantage_estimator,
+            normalize_std=not self.loss.disable_grpo_std_normalization,
             loss_masks=data["loss_masks"],
             valid=data.get("valid_rewards"),
         )
@@ -150,12 +150,12 @@ class PolicyInputs:
     def _custom_advantages(self, data: TrainData) -> list[list[float]]:
         """``--custom-advantage-function-path``'s ``fn(args, data)``: one list of per-token floats per
         sample, used instead of the built-in estimator (loaded once per rank)."""
-        path = self.args.custom_advantage_function_path
+        path = self.loss.custom_advantage_function_path
         if self._custom_advantage_fn is None:
             from slime.utils.plugins import load_function
 
             self._custom_advantage_fn = load_function(path)
-        advantages = [[float(x) for x in a] for a in self._custom_advantage_fn(self.args, data)]
+        advantages = [[float(x) for x in a] for a in self._custom_advantage_fn(self.plugin_args, data)]
         lengths = [len(m) for m in data["loss_masks"]]
         if [len(a) for a in advantages] != lengths:
             raise ValueError(
@@ -167,10 +167,10 @@ class PolicyInputs:
     def _token_level_advantages(self, shards: list[TrainData]) -> None:
         """REINFORCE++ returns or PPO's GAE over this rank's samples of the rollout, whitened with moments
         summed over the data-parallel ranks; PPO also keeps the returns for the critic (``returns``)."""
-        args = self.args
+        loss = self.loss
         keys = ("rewards", "old_log_probs", "ref_log_probs", "loss_masks", "values", "positions")
         merged = {k: [v for shard in shards for v in shard[k]] for k in keys if k in shards[0]}
-        if args.advantage_estimator == "ppo":
+        if loss.advantage_estimator == "ppo":
             if "values" not in merged:
                 raise KeyError("ppo needs the critic's values in the train data (TrainerGroup adds them)")
             advantages, returns = adv.ppo_advantages(
@@ -179,9 +179,9 @@ class PolicyInputs:
                 merged["old_log_probs"],
                 merged.get("ref_log_probs"),
                 merged["loss_masks"],
-                args.kl_coef,
-                args.gamma,
-                args.lambd,
+                loss.kl_coef,
+                loss.gamma,
+                loss.lambd,
                 reduce=self.dp.sum,
             )
             self.returns = [(p, r.tolist()) for p, r in zip(merged["positions"], returns, strict=True)]
@@ -191,8 +191,8 @@ class PolicyInputs:
                 merged["old_log_probs"],
                 merged.get("ref_log_probs"),
                 merged["loss_masks"],
-                args.kl_coef,
-                args.gamma,
+                loss.kl_coef,
+                loss.gamma,
                 reduce=self.dp.sum,
             )
         remaining = iter(advantages)
@@ -211,7 +211,7 @@ class PolicyInputs:
             merged["old_log_probs"],
             merged["ref_log_probs"],
             merged["loss_masks"],
-            self.args.kl_coef,
+            self.loss.kl_coef,
         )
         rewards = list(data["rewards"])
         for part in self.dp.gather(list(zip(merged["positions"], shaped, strict=True))):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 from megatron.core.models.backends import LocalSpecProvider
@@ -51,13 +52,18 @@ def _normed(bda: BiasDropoutAdd, norm: torch.nn.Module) -> BiasDropoutAdd:
 class PostNormTransformerLayer(TransformerLayer):
     """A ``TransformerLayer`` whose attention and MLP outputs are normed before their residual adds."""
 
+    self_attn_bda: Callable[..., Any]
+    mlp_bda: Callable[..., Any]
+
     def __init__(self, config: TransformerConfig, submodules: PostNormLayerSubmodules, **kwargs) -> None:
         super().__init__(config, submodules, **kwargs)
         self.post_self_attn_layernorm = self._build_norm(submodules.post_self_attn_layernorm)
         self.post_mlp_layernorm = self._build_norm(submodules.post_mlp_layernorm)
         # megatron-core calls ``self.<x>_bda(training, fused)(out_with_bias, residual, dropout)``.
-        self._attn_bda, self.self_attn_bda = self.self_attn_bda, self._normed_attn_bda
-        self._mlp_bda, self.mlp_bda = self.mlp_bda, self._normed_mlp_bda
+        self._attn_bda = self.self_attn_bda
+        self.self_attn_bda = self._normed_attn_bda
+        self._mlp_bda = self.mlp_bda
+        self.mlp_bda = self._normed_mlp_bda
 
     def _build_norm(self, spec: ModuleSpec | type) -> torch.nn.Module:
         return build_module(

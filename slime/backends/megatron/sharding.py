@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state as mpu
+
+if TYPE_CHECKING:
+    from megatron.core.models.gpt import GPTModel
 
 _LOCAL_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
 _EXPERT_INDEX = (
@@ -34,11 +38,12 @@ def _strip_wrappers(name: str) -> str:
     return name
 
 
-def unwrap(chunk: torch.nn.Module) -> torch.nn.Module:
+def unwrap(chunk: torch.nn.Module) -> GPTModel:
     """The GPTModel inside DDP / Float16Module wrappers."""
-    while hasattr(chunk, "module"):
-        chunk = chunk.module
-    return chunk
+    model: Any = chunk  # each wrapper's ``module``; torch types a submodule as ``Tensor | Module``
+    while hasattr(model, "module"):
+        model = model.module
+    return model
 
 
 def _expert_index(name: str) -> re.Match | None:
@@ -103,13 +108,16 @@ def _tp_size_rank_group(name: str) -> tuple[int, int, dist.ProcessGroup]:
     )
 
 
-def _is_tp_sharded(name: str, param: torch.nn.Parameter) -> bool:
+def _partition_dim(param: torch.Tensor) -> int:
+    """The dimension megatron-core slices a tensor-parallel weight along (an attribute it sets on it)."""
+    return param.partition_dim  # type: ignore[attr-defined]  # megatron-core's own attribute
+
+
+def _is_tp_sharded(name: str, param: torch.Tensor) -> bool:
     return bool(getattr(param, "tensor_model_parallel", False)) and _tp_size_rank_group(name)[0] > 1
 
 
-def shard_for_this_rank(
-    name: str, full: torch.Tensor, param: torch.nn.Parameter, gated: bool
-) -> torch.Tensor:
+def shard_for_this_rank(name: str, full: torch.Tensor, param: torch.Tensor, gated: bool) -> torch.Tensor:
     """This tensor-parallel rank's slice of the full tensor ``name``."""
     if not _is_tp_sharded(name, param):
         return full
@@ -117,10 +125,10 @@ def shard_for_this_rank(
     if _is_gated_fc1(name, gated):
         gate, up = full.chunk(2, dim=0)
         return torch.cat([gate.chunk(size, dim=0)[rank], up.chunk(size, dim=0)[rank]], dim=0)
-    return full.chunk(size, dim=param.partition_dim)[rank]
+    return full.chunk(size, dim=_partition_dim(param))[rank]
 
 
-def gather_full(name: str, param: torch.nn.Parameter, gated: bool) -> torch.Tensor:
+def gather_full(name: str, param: torch.Tensor, gated: bool) -> torch.Tensor:
     """The full tensor ``name`` assembled from every tensor-parallel rank's slice (a collective)."""
     local = param.detach()
     if not _is_tp_sharded(name, param):
@@ -131,7 +139,7 @@ def gather_full(name: str, param: torch.nn.Parameter, gated: bool) -> torch.Tens
     if _is_gated_fc1(name, gated):
         halves = [p.chunk(2, dim=0) for p in parts]
         return torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=0)
-    return torch.cat(parts, dim=param.partition_dim)
+    return torch.cat(parts, dim=_partition_dim(param))
 
 
 def gathered_global_tensors(chunk: torch.nn.Module, gated: bool) -> Iterator[tuple[str, torch.Tensor]]:

@@ -21,7 +21,7 @@ from megatron.core import parallel_state as mpu
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-from slime.algorithms.mismatch import per_scored_token, training_temperature
+from slime.algorithms.mismatch import per_scored_token
 from slime.backends.megatron import checkpoint
 from slime.backends.megatron.batching import (
     MicroBatch,
@@ -34,7 +34,7 @@ from slime.backends.megatron.batching import (
     pad_to_shape,
     partition_by_token_budget,
 )
-from slime.backends.megatron.config import padded_vocab_size, transformer_config_from_args
+from slime.backends.megatron.config import padded_vocab_size, transformer_config
 from slime.backends.megatron.conversion import ModelConverter, get_converter
 from slime.backends.megatron.conversion.base import ModelShape
 from slime.backends.megatron.hf_checkpoint import (
@@ -44,21 +44,12 @@ from slime.backends.megatron.hf_checkpoint import (
     stream_hf_weights,
 )
 from slime.backends.megatron.logprobs import token_logprobs_and_entropy
-from slime.backends.megatron.loss import (
-    LossFn,
-    build_loss_fn,
-    needs_reference,
-    old_log_probs_are_current,
-)
-from slime.backends.megatron.model import (
-    build_model_chunks,
-    build_optimizer,
-    virtual_stages,
-    wrap_for_training,
-)
+from slime.backends.megatron.loss import LossFn, build_loss_fn, old_log_probs_are_current
+from slime.backends.megatron.model import build_model_chunks, build_optimizer, wrap_for_training
 from slime.backends.megatron.offload import TrainerMemory
 from slime.backends.megatron.packed_attention import packed_seq_params, shared_prompt_layouts
 from slime.backends.megatron.value_head import attach_value_heads
+from slime.config.settings.trainer import TrainerSettings
 from slime.utils.device import distributed_backend, setup_device
 from slime.utils.http import listening_socket_fd
 
@@ -67,17 +58,18 @@ logger = logging.getLogger(__name__)
 warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
 
 
-def converter_for(args: argparse.Namespace) -> ModelConverter:
+def converter_for(settings: TrainerSettings) -> ModelConverter:
     """The HF<->Megatron converter for ``--hf-checkpoint``'s architecture and this run's vocab padding."""
-    hf_config = json.loads((Path(args.hf_checkpoint) / "config.json").read_text())
+    hf_config = json.loads((Path(settings.checkpoint.hf_checkpoint) / "config.json").read_text())
+    model = settings.model
     shape = ModelShape(
-        num_attention_heads=args.num_attention_heads,
-        num_query_groups=args.num_query_groups,
-        head_dim=args.kv_channels,
-        hidden_size=args.hidden_size,
-        vocab_size=args.vocab_size,
-        padded_vocab_size=padded_vocab_size(args),
-        tie_word_embeddings=not args.untie_embeddings_and_output_weights,
+        num_attention_heads=model.num_attention_heads,
+        num_query_groups=model.num_query_groups,
+        head_dim=model.kv_channels,
+        hidden_size=model.hidden_size,
+        vocab_size=model.vocab_size,
+        padded_vocab_size=padded_vocab_size(settings),
+        tie_word_embeddings=not model.untie_embeddings_and_output_weights,
     )
     return get_converter(hf_config["model_type"], shape=shape)
 
@@ -98,14 +90,23 @@ def model_state_tensors(chunks: list[torch.nn.Module]) -> list[torch.Tensor]:
 
 
 class MegatronTrainer:
-    """A rank of the trainer world: builds the model from the HF checkpoint and trains it."""
+    """A rank of the trainer world: builds the model from the HF checkpoint and trains it.
+
+    ``plugin_args``, the run's namespace, goes to a ``--custom-loss-function-path`` plugin only."""
 
     def __init__(
-        self, args: argparse.Namespace, rank: int, world_size: int, master_addr: str, master_port: int
+        self,
+        settings: TrainerSettings,
+        plugin_args: argparse.Namespace,
+        rank: int,
+        world_size: int,
+        master_addr: str,
+        master_port: int,
     ):
-        self.args = args
+        self.settings = settings
+        parallel = settings.parallel
         self.device = setup_device(rank)
-        timeout = timedelta(minutes=args.distributed_timeout_minutes)
+        timeout = timedelta(minutes=parallel.distributed_timeout_minutes)
         # The rendezvous listens on master_addr alone: a store started from a tcp:// init_method
         # listens on every interface.
         store = dist.TCPStore(
@@ -120,44 +121,41 @@ class MegatronTrainer:
             backend=distributed_backend(), store=store, rank=rank, world_size=world_size, timeout=timeout
         )
         mpu.initialize_model_parallel(
-            tensor_model_parallel_size=args.tensor_model_parallel_size,
-            pipeline_model_parallel_size=args.pipeline_model_parallel_size,
-            virtual_pipeline_model_parallel_size=virtual_stages(args),
-            context_parallel_size=args.context_parallel_size,
-            expert_model_parallel_size=args.expert_model_parallel_size,
-            expert_tensor_parallel_size=args.expert_tensor_parallel_size,
-            distributed_timeout_minutes=args.distributed_timeout_minutes,
+            tensor_model_parallel_size=parallel.tensor_model_parallel_size,
+            pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,
+            virtual_pipeline_model_parallel_size=settings.virtual_stages,
+            context_parallel_size=parallel.context_parallel_size,
+            expert_model_parallel_size=parallel.expert_model_parallel_size,
+            expert_tensor_parallel_size=parallel.expert_tensor_parallel_size,
+            distributed_timeout_minutes=parallel.distributed_timeout_minutes,
         )
-        torch.manual_seed(args.seed)
-        model_parallel_cuda_manual_seed(args.seed)
+        torch.manual_seed(settings.seed)
+        model_parallel_cuda_manual_seed(settings.seed)
 
-        self.config = transformer_config_from_args(args)
-        self.converter = converter_for(args)
-        chunks = build_model_chunks(args, self.config)
-        load_hf_weights(chunks, args.hf_checkpoint, self.converter, gated=args.swiglu)
-        self.is_critic = args.loss_type == "value_loss"
+        self.config = transformer_config(settings)
+        self.converter = converter_for(settings)
+        chunks = build_model_chunks(settings, self.config)
+        gated = settings.model.swiglu
+        load_hf_weights(chunks, settings.checkpoint.hf_checkpoint, self.converter, gated=gated)
+        self.is_critic = settings.is_critic
         if self.is_critic:
-            attach_value_heads(chunks, args.hidden_size)
-        self.model = wrap_for_training(args, self.config, chunks)
-        self.optimizer, self.scheduler = build_optimizer(args, self.model)
+            attach_value_heads(chunks, settings.model.hidden_size)
+        self.model = wrap_for_training(settings, self.config, chunks)
+        self.optimizer, self.scheduler = build_optimizer(settings, self.model)
         self.memory = TrainerMemory(self.model, self.optimizer)  # --colocate: offloaded between trainings
-        self.loss_fn: LossFn = build_loss_fn(args)
-        self.old_is_current = old_log_probs_are_current(args)
-        # SFT fits the data's own distribution; RL losses the one the engines sampled from.
-        self.temperature = (
-            1.0 if args.loss_type == "sft_loss" else training_temperature(args.rollout_temperature)
-        )
+        self.loss_fn: LossFn = build_loss_fn(settings, plugin_args)
+        self.old_is_current = old_log_probs_are_current(settings)
         self.step = 0
         self.num_micro_batches = 0  # of the last forward/backward pass, for logs and tests
         # The reference policy for KL (as a loss or as reward shaping): the initial weights, kept off
         # the model; refreshed from the policy every --ref-update-interval rollouts.
-        self.ref_weights = self._snapshot() if needs_reference(args) else None
+        self.ref_weights = self._snapshot() if settings.loss.needs_reference else None
         self.rollouts_seen = 0
 
     # ---- forward helpers -------------------------------------------------------------------------
 
     def _response_outputs(
-        self, batch: MicroBatch, temperature: float, with_entropy: bool
+        self, batch: MicroBatch, with_entropy: bool
     ) -> Callable[[torch.Tensor], tuple[list[torch.Tensor], list[torch.Tensor] | None]]:
         """On the last stage: a micro-batch's logits -> per-sample response log-probs (and entropy).
 
@@ -170,12 +168,12 @@ class MegatronTrainer:
             logprobs, entropy = token_logprobs_and_entropy(
                 batch.at_predictors(logits)[None],
                 batch.targets[None],
-                self.args.vocab_size,
-                temperature,
+                self.settings.model.vocab_size,
+                self.settings.temperature,
                 with_entropy,
             )
             return batch.split_responses(logprobs[0]), (
-                batch.split_responses(entropy[0]) if with_entropy else None
+                batch.split_responses(entropy[0]) if entropy is not None else None  # None: not with_entropy
             )
 
         return from_logits
@@ -185,26 +183,28 @@ class MegatronTrainer:
         ``--use-dynamic-batch-size`` cut by token budget into as many as the data-parallel rank that
         needs the most, so every rank runs the same schedule. Virtual pipeline stages need a multiple
         of the pipeline size of them, all of one shape."""
-        args = self.args
-        interleaved = virtual_stages(args) is not None
+        batching = self.settings.batch
+        interleaved = self.settings.virtual_stages is not None
         num_samples, pipeline = len(data["tokens"]), mpu.get_pipeline_model_parallel_world_size()
-        if args.use_dynamic_batch_size:
+        if batching.use_dynamic_batch_size:
+            budget = batching.max_tokens_per_gpu
+            assert budget is not None  # validate_args: --use-dynamic-batch-size needs --max-tokens-per-gpu
             lengths = [len(tokens) for tokens in data["tokens"]]
-            count = torch.tensor(min_bin_count(lengths, args.max_tokens_per_gpu), device=self.device)
-            dist.all_reduce(count, op=dist.ReduceOp.MAX, group=mpu.get_data_parallel_group())
-            count = interleaved_count(int(count), num_samples, pipeline) if interleaved else int(count)
-            groups = partition_by_token_budget(lengths, args.max_tokens_per_gpu, count)
+            most = torch.tensor(min_bin_count(lengths, budget), device=self.device)
+            dist.all_reduce(most, op=dist.ReduceOp.MAX, group=mpu.get_data_parallel_group())
+            count = interleaved_count(int(most), num_samples, pipeline) if interleaved else int(most)
+            groups = partition_by_token_budget(lengths, budget, count)
         else:
-            groups = consecutive_groups(num_samples, args.micro_batch_size)
+            groups = consecutive_groups(num_samples, batching.micro_batch_size)
             if interleaved:
                 groups = even_groups(num_samples, interleaved_count(len(groups), num_samples, pipeline))
         batches = make_micro_batches(
             data,
             groups,
             self.device,
-            packed=args.qkv_format == "thd",
+            packed=batching.qkv_format == "thd",
             pad_to_multiple=mpu.get_tensor_model_parallel_world_size(),
-            share_prompts=args.share_prompts_in_train,
+            share_prompts=batching.share_prompts_in_train,
         )
         if interleaved:
             rows = max(b.tokens.shape[0] for b in batches)
@@ -219,7 +219,6 @@ class MegatronTrainer:
         loss_of: Callable[[MicroBatch, list[torch.Tensor], list[torch.Tensor] | None], tuple],
         forward_only: bool,
         with_entropy: bool,
-        temperature: float,
     ) -> list[dict]:
         """Runs Megatron's schedule over ``data``; ``loss_of`` returns a micro-batch's share of the
         global loss (its loss weights normalise over the global batch)."""
@@ -231,7 +230,7 @@ class MegatronTrainer:
         def forward_step(iterator, model):
             batch = next(iterator)
             output = model(batch.tokens, batch.position_ids, None, packed_seq_params=packed_seq_params(batch))
-            outputs_of = self._response_outputs(batch, temperature, with_entropy)
+            outputs_of = self._response_outputs(batch, with_entropy)
 
             def scaled_loss(logits):
                 loss, metrics = loss_of(batch, *outputs_of(logits))
@@ -253,11 +252,9 @@ class MegatronTrainer:
     # ---- calls made by the trainer group ---------------------------------------------------------
 
     @torch.no_grad()
-    def compute_log_probs(
-        self, data: TrainData, temperature: float | None = None
-    ) -> list[torch.Tensor] | None:
+    def compute_log_probs(self, data: TrainData) -> list[torch.Tensor] | None:
         """Per-sample log-probs of the response tokens (on the last pipeline stage; None elsewhere), at
-        ``temperature`` (default: the rollout's, ``training_temperature``)."""
+        the training temperature (``TrainerSettings.temperature``)."""
         for chunk in self.model:
             chunk.eval()
 
@@ -265,16 +262,17 @@ class MegatronTrainer:
             outputs = {"log_probs": [lp.float().cpu() for lp in log_probs], "indices": batch.indices}
             return torch.zeros((), device=self.device), outputs
 
-        temperature = self.temperature if temperature is None else temperature
-        stored = self._run(data, collect, forward_only=True, with_entropy=False, temperature=temperature)
+        stored = self._run(data, collect, forward_only=True, with_entropy=False)
         if not mpu.is_pipeline_last_stage():
             return None
         # Dynamic micro-batches hold samples out of order; put them back in the data's order.
-        ordered: list[torch.Tensor] = [None] * len(data["tokens"])
+        ordered: list[torch.Tensor | None] = [None] * len(data["tokens"])
         for item in stored:
             for index, log_prob in zip(item["indices"], item["log_probs"], strict=True):
                 ordered[index] = log_prob
-        return ordered
+        found = [log_prob for log_prob in ordered if log_prob is not None]
+        assert len(found) == len(ordered)  # the micro-batches cover every sample once
+        return found
 
     def _gather_params(self) -> None:
         """Completes the parameter all-gather of the last optimizer step before parameters are read
@@ -285,7 +283,7 @@ class MegatronTrainer:
         parameters mix its new shard with the others' old ones. A synchronous gather here is what
         Megatron's own training loop does before it saves or evaluates.
         """
-        if self.args.overlap_param_gather:
+        if self.settings.parallel.overlap_param_gather:
             for chunk in self.model:
                 chunk.start_param_sync(force_sync=True)
 
@@ -306,12 +304,12 @@ class MegatronTrainer:
         ``--use-rollout-logprobs`` the engine's log-probs are the old policy's (no recomputation); when
         ``old_log_probs_are_current``, the loss takes them from its own forward and none are added.
         """
-        interval = self.args.ref_update_interval
+        interval = self.settings.loss.ref_update_interval
         if interval and self.rollouts_seen and self.rollouts_seen % interval == 0:
             self.ref_weights = self._snapshot()
         self.rollouts_seen += 1
         for shard in shards if not self.old_is_current else ():
-            if self.args.use_rollout_logprobs:
+            if self.settings.loss.use_rollout_logprobs:
                 if mpu.is_pipeline_last_stage():
                     shard["old_log_probs"] = [torch.as_tensor(r).float() for r in shard["rollout_log_probs"]]
                 continue
@@ -345,7 +343,7 @@ class MegatronTrainer:
             return loss, metrics
 
         start = time.perf_counter()
-        stored = self._run(data, loss_of, forward_only=False, with_entropy=True, temperature=self.temperature)
+        stored = self._run(data, loss_of, forward_only=False, with_entropy=True)
         ran = time.perf_counter()
         updated, grad_norm, _ = self.optimizer.step()
         if updated:
@@ -379,31 +377,31 @@ class MegatronTrainer:
     def iter_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """This pipeline stage's weights as full HF tensors (collective over tensor-parallel ranks)."""
         self._gather_params()
-        return iter_hf_weights(self.model, self.converter, gated=self.args.swiglu)
+        return iter_hf_weights(self.model, self.converter, gated=self.settings.model.swiglu)
 
-    def stream_hf_weights(self, consume: Callable[[list[tuple[str, torch.Tensor]]], None]) -> None:
-        """Every HF tensor of every pipeline stage, in buckets of ``--update-weight-buffer-size``
-        bytes, handed to ``consume`` on global rank 0 (a collective: every rank calls it)."""
+    def stream_hf_weights(
+        self, bucket_bytes: int, consume: Callable[[list[tuple[str, torch.Tensor]]], None]
+    ) -> None:
+        """Every HF tensor of every pipeline stage, in buckets of at most ``bucket_bytes``
+        (``WeightSyncSettings.bucket_bytes``), handed to ``consume`` on global rank 0 (a collective:
+        every rank calls it)."""
         self._gather_params()
-        stream_hf_weights(
-            self.model,
-            self.converter,
-            self.args.swiglu,
-            self.args.update_weight_buffer_size,
-            self.device,
-            consume,
-        )
+        gated = self.settings.model.swiglu
+        stream_hf_weights(self.model, self.converter, gated, bucket_bytes, self.device, consume)
 
-    def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
+    def hf_state_dict(self, bucket_bytes: int) -> dict[str, torch.Tensor] | None:
         """All HF weights, collected on global rank 0 (None elsewhere); for checks and small models."""
         merged: dict[str, torch.Tensor] = {}
-        self.stream_hf_weights(lambda bucket: merged.update((name, t.clone()) for name, t in bucket))
+        self.stream_hf_weights(
+            bucket_bytes, lambda bucket: merged.update((name, t.clone()) for name, t in bucket)
+        )
         return merged if dist.get_rank() == 0 else None
 
-    def save_hf(self, directory: str) -> str | None:
+    def save_hf(self, directory: str, bucket_bytes: int) -> str | None:
         """Writes an HF checkpoint from rank 0, bucket by bucket (collective); its path on rank 0."""
-        writer = HFCheckpointWriter(self.args.hf_checkpoint, directory) if dist.get_rank() == 0 else None
-        self.stream_hf_weights(writer.add if writer is not None else lambda bucket: None)
+        hf_checkpoint = self.settings.checkpoint.hf_checkpoint
+        writer = HFCheckpointWriter(hf_checkpoint, directory) if dist.get_rank() == 0 else None
+        self.stream_hf_weights(bucket_bytes, writer.add if writer is not None else lambda bucket: None)
         return writer.close() if writer is not None else None
 
     def save(self, directory: str, rollout_id: int) -> str:
@@ -412,18 +410,19 @@ class MegatronTrainer:
 
     def load(self, directory: str) -> int | None:
         """Loads ``--ckpt-step`` (default: the latest) from ``directory``; returns its rollout id or None."""
+        ckpt = self.settings.checkpoint
         state = checkpoint.load(
             directory,
             self.model,
-            None if self.args.no_load_optim else self.optimizer,
-            None if self.args.no_load_optim else self.scheduler,
-            rollout_id=self.args.ckpt_step,
+            None if ckpt.no_load_optim else self.optimizer,
+            None if ckpt.no_load_optim else self.scheduler,
+            rollout_id=ckpt.ckpt_step,
         )
         if state is None:
             return None
         self.step = state["step"]
         self.rollouts_seen = state["rollout_id"] + 1
-        if self.args.ref_update_interval and self.ref_weights is not None:
+        if self.settings.loss.ref_update_interval and self.ref_weights is not None:
             self.ref_weights = self._snapshot()  # the refreshed reference is not saved: restart from here
         return state["rollout_id"]
 

@@ -7,7 +7,13 @@ and another loss (``value_loss``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from megatron.core.models.gpt import GPTModel
 
 
 class ValueHead(torch.nn.Module):
@@ -28,7 +34,7 @@ class ValueHead(torch.nn.Module):
         return torch.nn.functional.linear(hidden_states, self.weight, self.bias), None
 
 
-def attach_value_heads(chunks: list[torch.nn.Module], hidden_size: int) -> None:
+def attach_value_heads(chunks: Sequence[GPTModel], hidden_size: int) -> None:
     """Replaces the vocab projection of the last-stage chunk(s) with a ``ValueHead`` (before DDP wrapping).
 
     The head has no tie to the input embedding, so tying is switched off on every chunk (on PP > 1 the

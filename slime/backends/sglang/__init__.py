@@ -6,6 +6,6 @@ the ``--sglang-*`` flags themselves are parsed and checked by ``slime.config.sgl
 
 from __future__ import annotations
 
-from slime.backends.sglang.launcher import is_available, missing_server_requirements, server_command
+from slime.backends.sglang.launcher import server_command
 
-__all__ = ["is_available", "missing_server_requirements", "server_command"]
+__all__ = ["server_command"]

@@ -77,8 +77,13 @@ class _SlotLayer(CacheLayerMixin):
         self.device = key_states.device
         self.is_initialized = True
 
+    def _buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``keys`` and ``values``, which exist once ``lazy_initialization`` ran."""
+        assert self.keys is not None and self.values is not None, "used before lazy_initialization"
+        return self.keys, self.values
+
     def _ensure_capacity(self, rows_needed: int, columns_needed: int) -> None:
-        rows, _, columns, _ = self.keys.shape
+        rows, _, columns, _ = self._buffers()[0].shape
         if rows >= rows_needed and columns >= columns_needed:
             return
         new_rows = _grow(rows, rows_needed, self.max_rows)
@@ -96,18 +101,19 @@ class _SlotLayer(CacheLayerMixin):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         self._ensure_capacity(plan.end, plan.kv_length)
+        keys, values = self._buffers()
         rows = slice(plan.start, plan.end)
         if plan.decode_positions is None:
             q = key_states.shape[2]
             for i, pad in enumerate(plan.prefill_pads or [0] * (plan.end - plan.start)):
-                self.keys[plan.start + i, :, : q - pad] = key_states[i, :, pad:]
-                self.values[plan.start + i, :, : q - pad] = value_states[i, :, pad:]
+                keys[plan.start + i, :, : q - pad] = key_states[i, :, pad:]
+                values[plan.start + i, :, : q - pad] = value_states[i, :, pad:]
             return key_states, value_states
         else:
-            index = torch.arange(plan.start, plan.end, device=self.keys.device)
-            self.keys[index, :, plan.decode_positions] = key_states[:, :, 0]
-            self.values[index, :, plan.decode_positions] = value_states[:, :, 0]
-        return self.keys[rows, :, : plan.kv_length], self.values[rows, :, : plan.kv_length]
+            index = torch.arange(plan.start, plan.end, device=keys.device)
+            keys[index, :, plan.decode_positions] = key_states[:, :, 0]
+            values[index, :, plan.decode_positions] = value_states[:, :, 0]
+        return keys[rows, :, : plan.kv_length], values[rows, :, : plan.kv_length]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.plan.kv_length, 0
@@ -120,8 +126,9 @@ class _SlotLayer(CacheLayerMixin):
 
     def copy_rows(self, sources: torch.Tensor, targets: torch.Tensor, length: int) -> None:
         self._ensure_capacity(int(targets.max()) + 1, length)
-        self.keys[targets, :, :length] = self.keys[sources, :, :length]
-        self.values[targets, :, :length] = self.values[sources, :, :length]
+        keys, values = self._buffers()
+        keys[targets, :, :length] = keys[sources, :, :length]
+        values[targets, :, :length] = values[sources, :, :length]
 
     def reset(self) -> None:
         self.keys = self.values = None
@@ -139,7 +146,9 @@ class SlotKVCache(Cache):
 
     def __init__(self, num_layers: int, max_rows: int | None = None, max_columns: int | None = None) -> None:
         self.plan = ForwardPlan()
-        super().__init__(layers=[_SlotLayer(self.plan, max_rows, max_columns) for _ in range(num_layers)])
+        layers = [_SlotLayer(self.plan, max_rows, max_columns) for _ in range(num_layers)]
+        super().__init__(layers=list(layers))
+        self.slot_layers = layers  # the layers of ``self.layers``, typed as this cache's own
 
     def set_prefill(self, start: int, end: int, length: int, pads: list[int]) -> None:
         """Next forward: prompts left-padded to `length` (row i by `pads[i]`) for fresh slots `start ..`."""
@@ -156,12 +165,12 @@ class SlotKVCache(Cache):
         """For each ``(source, target, length)``: slot ``target`` gets the first ``length`` columns of
         slot ``source`` (a request with the same tokens, just prefilled; or one that changes slot).
         No target is also a source."""
-        if not copies or not self.layers[0].is_initialized:
+        if not copies or not self.slot_layers[0].is_initialized:
             return
         sources = torch.tensor([c[0] for c in copies])
         targets = torch.tensor([c[1] for c in copies])
         length = max(c[2] for c in copies)  # columns past a row's own length are never read
-        for layer in self.layers:
+        for layer in self.slot_layers:
             layer.copy_rows(sources, targets, length)
 
     def clear(self) -> None:
@@ -170,4 +179,4 @@ class SlotKVCache(Cache):
             layer.reset()
 
     def nbytes(self) -> int:
-        return sum(layer.nbytes() for layer in self.layers)
+        return sum(layer.nbytes() for layer in self.slot_layers)

@@ -7,12 +7,12 @@ benchmarks and tests also use to start an engine on a checkpoint of their own (`
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
 
 from slime.backends.engine_server import ServerCommand
+from slime.config.settings.rollout import EngineSettings
 from slime.config.sglang_args import server_flags
 from slime.utils.http import engine_api_key
 
@@ -28,19 +28,19 @@ def serving(model_path: str | os.PathLike[str], *flags: str) -> ServerCommand:
 
 
 def server_command(
-    args: argparse.Namespace, host: str, port: int, *, engine_rank: int, num_gpus: int
+    engine: EngineSettings, host: str, port: int, *, engine_rank: int, num_gpus: int
 ) -> list[str]:
     """The argv of engine ``engine_rank``: slime's settings, then every ``--sglang-*`` option.
 
     The torch engine honours the SGLang options it implements and exits with status 2 naming any
     other, so an unsupported option fails start-up instead of being dropped silently.
     """
-    passed = dict(args.sglang_server_args or {})  # slime's own fields are refused by validation
-    flags = ["--host", host, "--port", str(port), "--sglang-release", args.torch_engine_sglang_release]
+    passed = dict(engine.server_args)  # slime's own fields are refused by validation
+    flags = ["--host", host, "--port", str(port), "--sglang-release", engine.torch_engine_sglang_release]
     if num_gpus != 1:
         flags += ["--tp-size", str(num_gpus)]  # refused by the torch engine with a clear line
-    passed["random_seed"] = args.rollout_seed + engine_rank
+    passed["random_seed"] = engine.seed + engine_rank
     if key := engine_api_key():  # the run's key (``--sglang-api-key`` or one made for a multi-node run)
         passed["api_key"] = key
-    passed.setdefault("log_level", str(getattr(args, "log_level", "info")).lower())
-    return command_line(Path(args.hf_checkpoint).resolve(), *flags, *server_flags(passed))
+    passed.setdefault("log_level", engine.log_level)
+    return command_line(Path(engine.hf_checkpoint).resolve(), *flags, *server_flags(passed))

@@ -72,7 +72,7 @@ class ModelRunner:
             trust_remote_code=trust_remote_code,
             attn_implementation="sdpa",
         )
-        self.model = model.to(device).eval()
+        self.model = model.to(device).eval()  # type: ignore[arg-type]  # transformers' wrapped .to
         self.config = model.config
         text_config = (
             self.config.get_text_config() if hasattr(self.config, "get_text_config") else self.config
@@ -83,7 +83,8 @@ class ModelRunner:
                 "model has non-full attention layers %s; they run as full attention", set(layer_types)
             )
         self.vocab_size = int(text_config.vocab_size)
-        self.context_length = int(context_length or getattr(text_config, "max_position_embeddings", 4096))
+        configured_length: int = getattr(text_config, "max_position_embeddings", 4096)
+        self.context_length = int(context_length or configured_length)
         self.num_layers = int(text_config.num_hidden_layers)
         self.cache = SlotKVCache(self.num_layers, max_rows=max_rows, max_columns=self.context_length)
         self.eos_token_ids = self._eos_token_ids()

@@ -57,7 +57,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from slime.utils.engine_api import SUPPORTED_SGLANG as SUPPORTED_RELEASES
+from slime.engine_client.protocol import SUPPORTED_SGLANG as SUPPORTED_RELEASES
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ def error_body(message: str) -> dict[str, Any]:
 
 @dataclass
 class SamplingParams:
-    max_new_tokens: int | None = 128
+    max_new_tokens: int = 128
     min_new_tokens: int = 0
     temperature: float = 1.0
     top_p: float = 1.0

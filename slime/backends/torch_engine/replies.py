@@ -7,6 +7,7 @@ field means and which SGLang file it mirrors is in ``protocol.py``.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ def generate_reply(request: Request, tokenizer: Any, weight_version: str) -> dic
     if request.return_logprob:
         with_text = request.return_text_in_logprobs
 
-        def triples(values: list[float | None], tokens: list[int]) -> list[list[Any]]:
+        def triples(values: Sequence[float | None], tokens: list[int]) -> list[list[Any]]:
             texts = [tokenizer.decode([t]) for t in tokens] if with_text else [None] * len(tokens)
             return [[v, t, s] for v, t, s in zip(values, tokens, texts, strict=True)]
 

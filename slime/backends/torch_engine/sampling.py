@@ -94,6 +94,7 @@ def sample(
     if greedy:
         tokens[greedy] = logits[greedy].argmax(dim=-1) if len(greedy) < len(rows) else logits.argmax(dim=-1)
     if sampled:
+        assert logprobs is not None  # computed above whenever a row samples
         probs = logprobs[sampled].exp()
         sub = [rows[i] for i in sampled]
         index = None
@@ -116,4 +117,5 @@ def sample(
         tokens[sampled] = picks
     if not want_logprobs:
         return tokens, None
+    assert logprobs is not None  # computed above when wanted
     return tokens, logprobs.gather(1, tokens[:, None])[:, 0]

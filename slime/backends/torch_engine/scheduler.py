@@ -390,7 +390,11 @@ class Scheduler:
         banned = [r.banned_until_min if len(r.output_ids) < r.params.min_new_tokens else [] for r in requests]
         ban_tokens(logits, banned)
         want_logprobs = any(r.return_logprob for r in requests)
-        tokens, logprobs = sample(logits, [r.sampling for r in requests], self.generator, want_logprobs)
+        rows: list[RowSampling] = []
+        for r in requests:
+            assert r.sampling is not None  # every admitted request has its sampling
+            rows.append(r.sampling)
+        tokens, logprobs = sample(logits, rows, self.generator, want_logprobs)
         values = logprobs.tolist() if logprobs is not None else [None] * len(requests)
         finished = []
         for request, token, logprob in zip(requests, tokens.tolist(), values, strict=True):

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from slime.backends.torch_engine import faults, protocol, weights
 from slime.backends.torch_engine.engine import TorchEngine
@@ -107,7 +108,10 @@ def _deliver(loop: asyncio.AbstractEventLoop, future: asyncio.Future) -> Callabl
         if not future.done():
             future.set_result(reply)
 
-    return lambda reply: loop.call_soon_threadsafe(resolve, reply)
+    def deliver(reply: dict[str, Any]) -> None:
+        loop.call_soon_threadsafe(resolve, reply)
+
+    return deliver
 
 
 def _protocol_errors(handler: Handler) -> Handler:
@@ -522,7 +526,7 @@ RELEASE_ROUTES: list[tuple[tuple[str, ...], str, Handler, Callable[[protocol.Sgl
 OPEN_PATH_PREFIXES = ("/health", "/ready", "/metrics")
 
 
-def api_key_middleware(api_key: str) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+def api_key_middleware(api_key: str) -> Middleware:
     """SGLang's ``--api-key`` check (``add_api_key_middleware``, 0.5.19-0.5.23): every request but
     OPTIONS and the open paths needs ``Authorization: Bearer <api_key>``, else 401
     ``{"error": "Unauthorized"}``. The comparison takes constant time, as SGLang's does."""

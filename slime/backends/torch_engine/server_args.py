@@ -2,7 +2,7 @@
 
 Names, types and defaults are not written here: they come from slime's one table of SGLang
 `ServerArgs` fields (`slime.config.sglang_args.FallbackServerArgs`, checked against SGLang 0.5.23 by
-tests/test_sglang_wheels.py), always that table and never an installed SGLang's, since what this
+tests/unit/test_sglang_wheels.py), always that table and never an installed SGLang's, since what this
 engine implements does not change with the SGLang on the node. What this module decides is what the
 engine does with each flag:
 - honoured: the ones this engine implements (`HONOURED`, with the engine's own help or narrower choices);

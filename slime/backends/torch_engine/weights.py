@@ -18,10 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from slime.weight_sync import ipc
-from slime.weight_sync.process_group import broadcast_from_rank0
+from slime.weight_sync.process_group import WeightGroup, broadcast_from_rank0
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +29,7 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 def receive_tensors(
-    group: dist.ProcessGroup,
+    group: WeightGroup,
     names: list[str],
     dtypes: list[str],
     shapes: list[list[int]],
@@ -208,7 +207,7 @@ class WeightStore:
         if wrong:
             raise ValueError(f"shape mismatch: {wrong[:5]}")
 
-    def _full_shape(self, param: torch.nn.Parameter) -> torch.Size:
+    def _full_shape(self, param: torch.Tensor) -> torch.Size:
         return self._released.get(id(param), (param.shape,))[0]
 
     def _shape(self, name: str) -> torch.Size:
@@ -217,7 +216,7 @@ class WeightStore:
         piece = self.slices[name]
         return piece.view(torch.empty(self._full_shape(piece.param), device="meta")).shape
 
-    def _allocated(self, param: torch.nn.Parameter) -> torch.nn.Parameter:
+    def _allocated(self, param: torch.Tensor) -> torch.Tensor:
         """``param``, given storage again if it was released (its other values are undefined)."""
         if id(param) in self._released:
             shape, dtype, device = self._released.pop(id(param))

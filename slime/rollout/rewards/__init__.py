@@ -1,7 +1,8 @@
 """Reward functions: built-ins (math, exact, f1, remote), custom ones by dotted path, batch scoring.
 
-Rollout code calls ``score_groups(args, groups)``; a custom generate function that scores as it goes
-calls ``compute_reward(args, sample)``. New built-ins go into ``BUILTIN_REWARDS`` in ``scoring.py``.
+Rollout code calls ``score_groups(args, groups, reward_settings)``; a custom generate function that
+scores as it goes calls ``compute_reward(args, sample)``. New built-ins go into ``BUILTIN_REWARDS`` in
+``scoring.py``.
 """
 
 from slime.rollout.rewards.errors import RewardError

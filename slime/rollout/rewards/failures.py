@@ -12,8 +12,7 @@ the reward function's doing, and a rollout with any sample it scored is not a fa
 
 from __future__ import annotations
 
-import argparse
-
+from slime.config.settings.rollout import RewardSettings
 from slime.rollout.errors import RolloutError
 from slime.rollout.rewards.scoring import RewardChoice
 from slime.rollout.sample import Sample
@@ -27,8 +26,8 @@ class RewardFailureStreak:
         self.failed_rollouts: list[int] = []
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> RewardFailureStreak:
-        return cls(args.max_failed_reward_rollouts, RewardChoice.from_args(args))
+    def from_settings(cls, reward: RewardSettings) -> RewardFailureStreak:
+        return cls(reward.max_failed_reward_rollouts, RewardChoice.from_settings(reward))
 
     def observe(self, rollout_id: int, groups: list[list[Sample]]) -> None:
         """Counts rollout ``rollout_id``; raises ``RolloutError`` when it makes ``limit`` in a row."""

@@ -14,13 +14,19 @@ from __future__ import annotations
 import ast
 import operator
 import re
+from collections.abc import Callable
 from fractions import Fraction
 
 _NUMBER = r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|-?\.\d+"
 _NUMBER_OR_FRACTION = re.compile(rf"(?:{_NUMBER})(?:\s*/\s*(?:{_NUMBER}))?%?")
 _ANSWER_PHRASE = re.compile(r"(?:answer\s+is|answer\s*:)\s*:?\s*(.*)", re.IGNORECASE)
 _TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
-_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+_OPERATORS: dict[type[ast.operator], Callable[[Fraction, Fraction], Fraction]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+}
 _MAX_EXPONENT = 400
 _BOXED = re.compile(r"\\(?:boxed|fbox)")
 _SIMPLE = re.compile(r"^-?[\w.]+$")
@@ -50,7 +56,7 @@ def extract_answer(response: str) -> str | None:
         return boxed
     phrases = _ANSWER_PHRASE.findall(text)
     if phrases:
-        phrase = phrases[-1].split("\n", 1)[0].strip()
+        phrase: str = phrases[-1].split("\n", 1)[0].strip()
         if phrase:
             return phrase
     numbers = _NUMBER_OR_FRACTION.findall(text)
@@ -80,22 +86,22 @@ def _closing_brace(s: str, start: int) -> int | None:
 
 def _frac_args(s: str, k: int) -> tuple[list[str], int]:
     """The two arguments of a ``\\frac`` whose name ends before ``k``: braced groups or single characters."""
-    args = []
-    while len(args) < 2:
+    operands: list[str] = []
+    while len(operands) < 2:
         while k < len(s) and s[k] == " ":
             k += 1
         if k < len(s) and s[k] == "{":
             end = _closing_brace(s, k)
             if end is None:
                 break
-            args.append(s[k + 1 : end])
+            operands.append(s[k + 1 : end])
             k = end + 1
         elif k < len(s) and s[k].isalnum():
-            args.append(s[k])  # \frac12
+            operands.append(s[k])  # \frac12
             k += 1
         else:
             break
-    return args, k
+    return operands, k
 
 
 def _rewrite_fracs(s: str) -> str:
@@ -154,7 +160,9 @@ def _evaluate(node: ast.AST, source: str) -> Fraction:
         return _evaluate(node.body, source)
     if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
         # From the source text, not the float: 0.1 stays exactly 1/10.
-        return Fraction(ast.get_source_segment(source, node))
+        segment = ast.get_source_segment(source, node)
+        assert segment is not None  # every node parsed from ``source`` has its position
+        return Fraction(segment)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         value = _evaluate(node.operand, source)
         return -value if isinstance(node.op, ast.USub) else value

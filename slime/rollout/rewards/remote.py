@@ -15,6 +15,8 @@ from typing import Any
 
 import aiohttp
 
+from slime.config.settings.rollout import RewardSettings
+from slime.rollout.plugin_args import settings_of
 from slime.rollout.rewards.errors import RewardError
 from slime.rollout.sample import Sample
 
@@ -51,11 +53,13 @@ async def post_reward(url: str, payload: dict[str, Any], timeout: float = REMOTE
 
 
 async def remote_reward(args: argparse.Namespace, sample: Sample) -> float:
-    """The ``remote`` built-in: score ``sample`` with the reward server at ``args.rm_url``."""
+    """The ``remote`` built-in: score ``sample`` with the reward server at ``--rm-url``."""
     payload = {
         "prompt": sample.prompt,
         "response": sample.response,
         "label": sample.label,
         "metadata": sample.metadata,
     }
-    return await post_reward(args.rm_url, payload)
+    url = settings_of(args, RewardSettings).rm_url
+    assert url is not None  # validate_args requires --rm-url with the remote reward
+    return await post_reward(url, payload)

@@ -35,6 +35,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from slime.config.reward_types import BOXED_PREFIX
+from slime.config.settings.rollout import RewardSettings
+from slime.rollout.plugin_args import settings_of
 from slime.rollout.rewards.errors import RewardError
 from slime.rollout.rewards.math_answer import math_score
 from slime.rollout.rewards.remote import remote_reward
@@ -62,8 +65,9 @@ def _on_text(score: Callable[[str, str], RewardValue]) -> RewardFn:
     return lambda args, sample: score(sample.response, _label(sample))
 
 
-# The built-in reward functions by --rm-type name: adding one is adding one line. ``deepscaler``,
-# ``dapo``, ``random`` and ``remote_rm`` are upstream slime's names (``upstream_rules``).
+# The built-in reward functions by --rm-type name, in the order of ``BUILTIN_REWARD_TYPES``
+# (``slime.config.reward_types``, which validation reads): adding one is one line here and one there.
+# ``deepscaler``, ``dapo``, ``random`` and ``remote_rm`` are upstream slime's names (``upstream_rules``).
 BUILTIN_REWARDS: dict[str, RewardFn] = {
     "math": _on_text(math_score),
     "exact": _on_text(exact_score),
@@ -74,8 +78,6 @@ BUILTIN_REWARDS: dict[str, RewardFn] = {
     "dapo": _on_text(dapo_score),
     "random": _on_text(random_score),
 }
-BOXED_PREFIX = "boxed_"
-"""``--rm-type boxed_<type>`` (upstream's): ``<type>`` scores the response's last ``\\boxed{}`` only."""
 
 
 def load_reward_function(path: str) -> Callable[..., Any]:
@@ -95,9 +97,9 @@ class RewardChoice:
     group_rm: bool = False
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> RewardChoice:
+    def from_settings(cls, reward: RewardSettings) -> RewardChoice:
         """The reward flags' choice (training, and eval sets that name no reward of their own)."""
-        return cls(rm_type=args.rm_type, custom_rm_path=args.custom_rm_path, group_rm=args.group_rm)
+        return cls(rm_type=reward.rm_type, custom_rm_path=reward.custom_rm_path, group_rm=reward.group_rm)
 
 
 def resolve_reward_fn(choice: RewardChoice, sample: Sample) -> RewardFn:
@@ -137,11 +139,11 @@ def reward_model(path: str, model_path: str | None) -> Any:
     return cls() if model_path is None else cls(model_path)
 
 
-async def _score_with_model(args: argparse.Namespace, group: list[Sample], path: str) -> None:
+async def _score_with_model(reward: RewardSettings, group: list[Sample], path: str) -> None:
     """One ``compute_reward(prompts, responses)`` call for ``group``; a wrong answer fails the group."""
     name = path.rpartition(":")[2] if ":" in path else path.rpartition(".")[2]
     try:
-        model = reward_model(path, args.custom_rm_model_path)
+        model = reward_model(path, reward.custom_rm_model_path)
         prompts, responses = [s.prompt for s in group], [s.response for s in group]
         if inspect.iscoroutinefunction(model.compute_reward):
             rewards = await model.compute_reward(prompts, responses)
@@ -150,7 +152,7 @@ async def _score_with_model(args: argparse.Namespace, group: list[Sample], path:
         bad = [r for r in _one_per_sample(rewards, group, f"{name}.compute_reward") if not _is_number(r)]
         if bad:
             raise RewardError(f"{name}.compute_reward returned {bad[0]!r}; expected a number per response")
-        _assign(args, group, rewards)
+        _assign(reward.reward_key, group, rewards)
     except Exception as e:
         _fail(group, e)
 
@@ -162,28 +164,32 @@ async def _call(fn: Callable[..., Any], *fn_args: Any) -> Any:
 
 async def compute_reward(args: argparse.Namespace, sample: Sample) -> RewardValue:
     """The reward of one sample by the reward flags, as its function returned it (a number or a dict)."""
-    return await _call(resolve_reward_fn(RewardChoice.from_args(args), sample), args, sample)
+    choice = RewardChoice.from_settings(settings_of(args, RewardSettings))
+    reward: RewardValue = await _call(resolve_reward_fn(choice, sample), args, sample)
+    return reward
 
 
 def _checked(value: Any, reward_key: str | None, sample: Sample) -> RewardValue:
     """``value`` as a reward to store; raises unless it yields one finite number (via --reward-key)."""
+    reward: RewardValue
     if isinstance(value, dict):
+        reward = value
         number = Sample(index=sample.index, reward=value).reward_value(reward_key)
     elif isinstance(value, (int, float)):
-        number = value = float(value)
+        number = reward = float(value)
     else:
         raise RewardError(f"reward function returned {type(value).__name__}; expected a number or a dict")
     if not math.isfinite(number):
         raise RewardError(f"reward function returned {number} for sample {sample.index}")
-    return value
+    return reward
 
 
-def _keep_preset(args: argparse.Namespace, sample: Sample) -> bool:
+def _keep_preset(reward_key: str | None, sample: Sample) -> bool:
     """Whether ``sample`` already holds a reward (set by its generate function), checked and kept."""
     if sample.reward is None:
         return False
     try:
-        sample.reward = _checked(sample.reward, args.reward_key, sample)
+        sample.reward = _checked(sample.reward, reward_key, sample)
     except Exception as e:
         _fail([sample], e)
     return True
@@ -199,16 +205,21 @@ def _fail(samples: list[Sample], error: Exception) -> None:
     logger.warning("reward of %s failed, scored 0.0: %s", which, message)
 
 
-async def _score_sample(args: argparse.Namespace, sample: Sample, fn: RewardFn) -> None:
+async def _score_sample(
+    args: argparse.Namespace, reward_key: str | None, sample: Sample, fn: RewardFn
+) -> None:
     try:
-        sample.reward = _checked(await _call(fn, args, sample), args.reward_key, sample)
+        sample.reward = _checked(await _call(fn, args, sample), reward_key, sample)
     except Exception as e:
         _fail([sample], e)
 
 
-async def _score_group(args: argparse.Namespace, group: list[Sample], fn: GroupRewardFn) -> None:
+async def _score_group(
+    args: argparse.Namespace, reward_key: str | None, group: list[Sample], fn: GroupRewardFn
+) -> None:
     try:
-        _assign(args, group, _one_per_sample(await _call(fn, args, group), group, "group reward function"))
+        rewards = _one_per_sample(await _call(fn, args, group), group, "group reward function")
+        _assign(reward_key, group, rewards)
     except Exception as e:
         _fail(group, e)
 
@@ -225,19 +236,23 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _assign(args: argparse.Namespace, group: list[Sample], rewards: list[RewardValue]) -> None:
+def _assign(reward_key: str | None, group: list[Sample], rewards: list[RewardValue]) -> None:
     """Sets each sample's reward once every one of them checked out: a group is scored whole or not."""
-    checked = [_checked(r, args.reward_key, s) for r, s in zip(rewards, group, strict=True)]
+    checked = [_checked(r, reward_key, s) for r, s in zip(rewards, group, strict=True)]
     for sample, reward in zip(group, checked, strict=True):
         sample.reward = reward
 
 
 async def score_groups(
-    args: argparse.Namespace, groups: list[list[Sample]], choice: RewardChoice | None = None
+    args: argparse.Namespace,
+    groups: list[list[Sample]],
+    reward: RewardSettings,
+    choice: RewardChoice | None = None,
 ) -> None:
     """Score every sample of ``groups`` concurrently, setting ``sample.reward`` in place.
 
-    ``choice``: the reward function to use (an eval set's); the reward flags' when None. A reward
+    ``args`` go to the reward functions (plugins); ``reward``: the reward flags; ``choice``: the
+    reward function to use (an eval set's); the reward flags' when None. A reward
     function that raises (or returns no usable number) fails only its own sample (its whole group
     with ``--group-rm``): status FAILED, reward 0.0 so that batch shapes stay intact,
     ``metadata["reward_error"]`` says why, and one warning names the sample index. The rollout decides
@@ -245,20 +260,21 @@ async def score_groups(
     --custom-rm-path) raises ``RewardError`` before anything is scored. Samples whose generate
     function set a reward keep it and are left out of the calls (a group reward sees the rest).
     """
-    choice = RewardChoice.from_args(args) if choice is None else choice
-    groups = [[s for s in group if not _keep_preset(args, s)] for group in groups]
+    choice = RewardChoice.from_settings(reward) if choice is None else choice
+    key = reward.reward_key
+    groups = [[s for s in group if not _keep_preset(key, s)] for group in groups]
     path = choice.custom_rm_path
     if path is not None and inspect.isclass(load_reward_function(path)):
-        size = args.rm_batch_size
+        size = reward.rm_batch_size
         batches = (
             [group[i : i + size] for group in groups for i in range(0, len(group), size)] if size else groups
         )
-        tasks = [_score_with_model(args, batch, path) for batch in batches if batch]
+        tasks = [_score_with_model(reward, batch, path) for batch in batches if batch]
     elif choice.group_rm:
         if choice.custom_rm_path is None:
             raise RewardError("--group-rm needs --custom-rm-path (a function scoring a whole group)")
         group_fn = load_reward_function(choice.custom_rm_path)
-        tasks = [_score_group(args, group, group_fn) for group in groups if group]
+        tasks = [_score_group(args, key, group, group_fn) for group in groups if group]
     else:
-        tasks = [_score_sample(args, s, resolve_reward_fn(choice, s)) for group in groups for s in group]
+        tasks = [_score_sample(args, key, s, resolve_reward_fn(choice, s)) for group in groups for s in group]
     await asyncio.gather(*tasks)

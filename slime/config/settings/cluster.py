@@ -1,0 +1,84 @@
+"""Where a run's processes go: the trainer's GPUs, the engines', the critic's, and the Ray cluster."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+# Under --colocate a trainer rank and an engine hold the same bundle's GPU, so each asks for a share
+# of it (Ray still gives both that GPU's CUDA_VISIBLE_DEVICES); the shares leave room for small probes.
+COLOCATED_GPU_SHARE = {"trainer": 0.4, "engine": 0.2}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterSettings:
+    actor_num_nodes: int
+    actor_num_gpus_per_node: int
+    rollout_num_gpus: int
+    """Engines' GPUs (``--rollout-num-gpus``): 0 when the run starts no engines (SFT, train-only)."""
+    rollout_num_gpus_per_engine: int
+    num_gpus_per_node: int
+    colocate: bool
+    """``--colocate``: trainer ranks and engines take turns on the same GPUs."""
+    critic_num_nodes: int
+    critic_num_gpus_per_node: int
+    has_critic: bool
+    """``--advantage-estimator ppo`` trains a critic on GPUs of its own."""
+    debug_rollout_only: bool
+    debug_train_only: bool
+    uses_engines: bool
+    """False for SFT and train-only debugging: no engines, no router."""
+    ray_address: str | None
+    external_engine_addrs: tuple[str, ...]
+    """``--rollout-external-engine-addrs``: engines slime did not start, updated with the others."""
+    engine_api_key: str | None
+    """``--sglang-api-key``: the key external engines expect (else slime makes one when needed)."""
+
+    @property
+    def trainer_gpus(self) -> int:
+        """GPUs of the trainer group; none with --debug-rollout-only, which starts no trainer."""
+        return 0 if self.debug_rollout_only else self.actor_num_nodes * self.actor_num_gpus_per_node
+
+    @property
+    def critic_gpus(self) -> int:
+        return self.critic_num_nodes * self.critic_num_gpus_per_node if self.has_critic else 0
+
+    @property
+    def engine_gpus(self) -> int:
+        return self.rollout_num_gpus if self.uses_engines else 0
+
+    @property
+    def total_gpus(self) -> int:
+        """Bundles the run needs: trainers and engines share them when colocated; PPO's critic has its own."""
+        if self.colocate:
+            return max(self.trainer_gpus, self.engine_gpus) + self.critic_gpus
+        return self.trainer_gpus + self.engine_gpus + self.critic_gpus
+
+    def actor_gpus(self, role: str) -> float:
+        """The ``num_gpus`` an actor of ``role`` asks of its bundle: all of it, or a colocated share."""
+        return COLOCATED_GPU_SHARE[role] if self.colocate else 1
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ClusterSettings:
+        return cls(
+            actor_num_nodes=args.actor_num_nodes,
+            actor_num_gpus_per_node=args.actor_num_gpus_per_node,
+            rollout_num_gpus=args.rollout_num_gpus or 0,
+            rollout_num_gpus_per_engine=args.rollout_num_gpus_per_engine,
+            num_gpus_per_node=args.num_gpus_per_node,
+            colocate=bool(args.colocate),
+            critic_num_nodes=args.critic_num_nodes,
+            critic_num_gpus_per_node=args.critic_num_gpus_per_node,
+            has_critic=_has_critic(args),
+            debug_rollout_only=bool(args.debug_rollout_only),
+            debug_train_only=bool(args.debug_train_only),
+            uses_engines=not args.debug_train_only and args.loss_type != "sft_loss",
+            ray_address=args.ray_address,
+            external_engine_addrs=tuple(args.rollout_external_engine_addrs or ()),
+            engine_api_key=(args.sglang_server_args or {}).get("api_key") or None,
+        )
+
+
+def _has_critic(args: argparse.Namespace) -> bool:
+    ppo = args.advantage_estimator == "ppo" and args.loss_type == "policy_loss"
+    return ppo and not args.debug_rollout_only

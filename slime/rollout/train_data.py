@@ -1,0 +1,110 @@
+"""A rollout's scored sample groups as the trainer takes them, and the metrics a rollout logs.
+
+``samples_to_train_data`` is the one shape of what leaves the rollout side for the trainer: a dict of
+per-sample lists, in group order (the rollout manager adds the rollout's metrics under ``"metrics"``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from slime.config.settings.rollout import RolloutSettings
+from slime.rollout.errors import RolloutError
+from slime.rollout.sample import Sample
+
+METRICS_KEY = "metrics"
+
+
+def samples_to_train_data(groups: list[list[Sample]], reward_key: str | None = None) -> dict[str, list[Any]]:
+    """The trainer's per-sample lists from scored sample groups, in group order.
+
+    ``rewards`` is the scalar that trains (``--reward-key`` picks it from a dict); ``raw_rewards`` is
+    what the reward function returned (a number or a dict), kept for logging; ``weight_versions`` are
+    the engine weight versions each sample was generated with (the loops log staleness from them).
+    ``prompt_groups`` numbers each sample's group in ``groups``: group-relative advantages normalise
+    over it, not over blocks of ``--n-samples-per-prompt`` (a generate function may return several
+    samples per prompt, so groups can be larger). ``rollout_log_prob_masks`` are 0 for a response
+    without engine log-probs (built by hand, or text tokenized after the fact): TIS, MIS and the
+    mismatch metrics leave its tokens out. A
+    FAILED sample (its reward could not be computed) keeps its place, so group shapes hold, but its
+    loss mask is all zeros and ``valid_rewards`` is False: nothing is learned from a reward that does
+    not exist, and its placeholder 0.0 stays out of its group's mean and std. A sample a plugin marked
+    ``remove_sample`` (upstream slime's field) keeps its place and reward but its loss mask is zeros.
+    """
+    samples = [sample for group in groups for sample in group]
+    prompt_groups = [number for number, group in enumerate(groups) for _ in group]
+    # Rollouts that sample nothing (SFT) have no engine log-probs: then the keys are left out, so
+    # that a present key always means one log-prob per response token.
+    with_log_probs = any(sample.rollout_log_probs is not None for sample in samples)
+    keys = ["tokens", "response_lengths", "loss_masks", "rewards", "raw_rewards", "sample_indices"]
+    keys += ["weight_versions", "valid_rewards", "prompt_groups"]
+    if with_log_probs:
+        keys += ["rollout_log_probs", "rollout_log_prob_masks"]
+    data: dict[str, list[Any]] = {key: [] for key in keys}
+    for sample, prompt_group in zip(samples, prompt_groups, strict=True):
+        n = sample.response_length
+        mask = list(sample.loss_mask) if sample.loss_mask is not None else [1] * n
+        log_probs = sample.rollout_log_probs
+        if len(mask) != n or (log_probs is not None and len(log_probs) != n) or len(sample.tokens) <= n:
+            raise ValueError(
+                f"sample {sample.index} is inconsistent: {len(sample.tokens)} tokens, response_length {n}, "
+                f"{len(mask)} loss-mask entries, "
+                f"{None if log_probs is None else len(log_probs)} rollout log-probs "
+                "(the generate function must fill all of them for the response)"
+            )
+        if (
+            sample.status == Sample.Status.FAILED or sample.remove_sample
+        ):  # upstream's flag: keep, do not train
+            mask = [0] * n
+        data["tokens"].append(list(sample.tokens))
+        data["response_lengths"].append(n)
+        data["loss_masks"].append(mask)
+        data["rewards"].append(sample.reward_value(reward_key))
+        data["raw_rewards"].append(sample.reward)
+        data["sample_indices"].append(sample.index)
+        data["weight_versions"].append(list(sample.weight_versions))
+        data["valid_rewards"].append(sample.status != Sample.Status.FAILED)
+        data["prompt_groups"].append(prompt_group)
+        if with_log_probs:
+            known = log_probs is not None
+            data["rollout_log_probs"].append(list(log_probs) if log_probs is not None else [0.0] * n)
+            data["rollout_log_prob_masks"].append([int(known)] * n)
+    return data
+
+
+def require_rollout_log_probs(rollout: RolloutSettings, groups: list[list[Sample]]) -> None:
+    """``--use-rollout-logprobs`` takes the engine's log-probs as the old policy's: a trained sample
+    without them (its response built by hand or from text) would be trained against placeholders."""
+    samples = [sample for group in groups for sample in group]
+    missing = [s.index for s in samples if s.rollout_log_probs is None and s.response_length]
+    if rollout.use_rollout_logprobs and missing:
+        raise RolloutError(
+            f"--use-rollout-logprobs: {len(missing)} samples have no engine log-probs (e.g. sample "
+            f"{missing[0]}; --custom-generate-function-path {rollout.custom_generate_function_path} built "
+            "its response without slime.rollout.generate_utils.append_model_turn); drop the flag to "
+            "recompute the old log-probs in the trainer"
+        )
+
+
+def rollout_metrics(
+    groups: list[list[Sample]], seconds: float, reward_key: str | None = None
+) -> dict[str, float]:
+    """What a rollout log line shows: lengths, how responses ended, speed, mean reward."""
+    samples = [sample for group in groups for sample in group]
+    n = max(len(samples), 1)
+    tokens = sum(sample.response_length for sample in samples)
+
+    def ratio(status: Sample.Status) -> float:
+        return sum(sample.status == status for sample in samples) / n
+
+    return {
+        "rollout/num_samples": float(len(samples)),
+        "rollout/response_length": tokens / n,
+        "rollout/truncated_ratio": ratio(Sample.Status.TRUNCATED),
+        "rollout/aborted_ratio": ratio(Sample.Status.ABORTED),
+        "rollout/failed_ratio": ratio(Sample.Status.FAILED),
+        "rollout/context_capped_samples": float(sum(bool(s.metadata.get("context_capped")) for s in samples)),
+        "perf/generation_time": seconds,
+        "perf/tokens_per_sec": tokens / seconds if seconds > 0 else 0.0,
+        "rollout/raw_reward": sum(s.reward_value(reward_key) for s in samples) / n,
+    }

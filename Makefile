@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 # SGLang's Python source, unpacked without its (CUDA) dependencies, for the contract tests that read
-# it: the oldest and the newest release slime supports (tests/test_sglang_wheels.py).
+# it: the oldest and the newest release slime supports (tests/unit/test_sglang_wheels.py).
 SGLANG_WHEELS := 0.5.19 0.5.23
 
 .PHONY: venv test quickstart lint format
@@ -24,6 +24,7 @@ $(STAMP): pyproject.toml constraints.txt
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/python -m mypy
 	$(VENV)/bin/python -m pytest -q
 
 quickstart: $(STAMP)
@@ -32,6 +33,7 @@ quickstart: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/python -m mypy
 
 format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from slime.config.settings.flags import read_flags
+
 
 @dataclass(frozen=True, kw_only=True)
 class DataSettings:
@@ -52,26 +54,12 @@ class DataSettings:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> DataSettings:
-        return cls(
-            prompt_data=args.prompt_data,
-            input_key=args.input_key,
-            label_key=args.label_key,
-            metadata_key=args.metadata_key,
-            tool_key=args.tool_key,
-            apply_chat_template=bool(args.apply_chat_template),
+        return read_flags(
+            cls,
+            args,
             max_prompt_len=args.rollout_max_prompt_len,
             tokenizer_path=args.hf_checkpoint,
-            data_source_path=args.data_source_path,
-            streaming_data=bool(args.streaming_data),
             num_data_workers=args.num_data_workers or 0,
-            on_bad_prompt=args.on_bad_prompt,
-            shuffle=bool(args.rollout_shuffle),
+            shuffle=args.rollout_shuffle,
             seed=args.rollout_seed,
-            buffer_filter_path=args.buffer_filter_path,
-            n_samples_per_prompt=args.n_samples_per_prompt,
-            rollout_batch_size=args.rollout_batch_size,
-            over_sampling_batch_size=args.over_sampling_batch_size,
-            num_epoch=args.num_epoch,
-            save=args.save,
-            load=args.load,
         )

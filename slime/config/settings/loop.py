@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from slime.config.settings.flags import read_flags
+
 
 @dataclass(frozen=True, kw_only=True)
 class LoopSettings:
@@ -28,16 +30,4 @@ class LoopSettings:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> LoopSettings:
-        return cls(
-            num_rollout=args.num_rollout,
-            eval_interval=args.eval_interval,
-            skip_eval_before_train=bool(args.skip_eval_before_train),
-            save=args.save,
-            save_interval=args.save_interval,
-            save_hf=args.save_hf,
-            update_weights_interval=args.update_weights_interval,
-            async_buffer_size=args.async_buffer_size,
-            save_debug_rollout_data=args.save_debug_rollout_data,
-            load_debug_rollout_data=args.load_debug_rollout_data,
-            load=args.load,
-        )
+        return read_flags(cls, args)

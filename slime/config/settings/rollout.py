@@ -10,6 +10,7 @@ import argparse
 from dataclasses import dataclass
 
 from slime.config.engine_backend import resolve_backend
+from slime.config.settings.flags import read_flags
 from slime.config.settings.router import RouterSettings
 
 
@@ -86,16 +87,7 @@ class RewardSettings:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RewardSettings:
-        return cls(
-            reward_key=args.reward_key,
-            rm_type=args.rm_type,
-            custom_rm_path=args.custom_rm_path,
-            group_rm=bool(args.group_rm),
-            rm_url=args.rm_url,
-            custom_rm_model_path=args.custom_rm_model_path,
-            rm_batch_size=args.rm_batch_size,
-            max_failed_reward_rollouts=args.max_failed_reward_rollouts,
-        )
+        return read_flags(cls, args)
 
 
 @dataclass(frozen=True, kw_only=True)

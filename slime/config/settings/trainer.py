@@ -12,15 +12,9 @@ import argparse
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
-_T = TypeVar("_T")
-
-
-def _read(cls: type[_T], args: argparse.Namespace, **settled: Any) -> _T:
-    """``cls`` from the flags of the same names; ``settled`` gives the fields that are not plain flags."""
-    names = [f.name for f in dataclasses.fields(cls) if f.name not in settled]  # type: ignore[arg-type]
-    return cls(**{name: getattr(args, name) for name in names}, **settled)
+from slime.config.settings.flags import read_flags
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,7 +111,7 @@ class ModelSettings:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ModelSettings:
-        return _read(
+        return read_flags(
             cls,
             args,
             recompute_granularity="selective" if args.recompute_activations else args.recompute_granularity,
@@ -157,7 +151,7 @@ class ParallelSettings:
     def from_args(cls, args: argparse.Namespace) -> ParallelSettings:
         etp = args.expert_tensor_parallel_size or args.tensor_model_parallel_size
         world_size = args.actor_num_nodes * args.actor_num_gpus_per_node
-        return _read(cls, args, expert_tensor_parallel_size=etp, world_size=world_size)
+        return read_flags(cls, args, expert_tensor_parallel_size=etp, world_size=world_size)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -183,7 +177,7 @@ class OptimizerSettings:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> OptimizerSettings:
-        return _read(cls, args)
+        return read_flags(cls, args)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -230,7 +224,7 @@ class LossSettings:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> LossSettings:
         eps_clip_high = args.eps_clip if args.eps_clip_high is None else args.eps_clip_high
-        return _read(cls, args, eps_clip_high=eps_clip_high)
+        return read_flags(cls, args, eps_clip_high=eps_clip_high)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -251,7 +245,7 @@ class BatchSettings:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> BatchSettings:
-        return _read(cls, args)
+        return read_flags(cls, args)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -266,7 +260,7 @@ class CheckpointSettings:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> CheckpointSettings:
-        return _read(cls, args)
+        return read_flags(cls, args)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -27,11 +27,11 @@ logger = logging.getLogger("slime")
 def train(settings: RunSettings) -> None:
     with PeakMemoryMonitor() as memory, TrainingSession(settings) as session, RolloutLoop(session) as loop:
         for rollout_id in tqdm(loop.rollout_ids(), desc="rollouts", unit="rollout"):
-            data = loop.generate(rollout_id)
+            batch = loop.generate(rollout_id)
             session.hand_gpus_to_trainer()  # --colocate: engines release their memory, the trainer takes it
             if loop.push_due(rollout_id):
                 session.pause_for_push()  # nothing generates while the trainer trains: pause now
-            metrics = loop.train(data)
+            metrics = loop.train(batch)
             loop.save(rollout_id)
             if loop.push_due(rollout_id):
                 metrics.update(loop.push_weights())

@@ -31,8 +31,8 @@ def train(settings: RunSettings) -> None:
         rollout_ids = loop.rollout_ids()
         with RolloutsAhead(loop.generate, rollout_ids, settings.loop.async_buffer_size) as ahead:
             for rollout_id in tqdm(rollout_ids, desc="rollouts", unit="rollout"):
-                data = ahead.next(rollout_id)  # generated while the previous rollout trained
-                metrics = loop.train(data)
+                batch = ahead.next(rollout_id)  # generated while the previous rollout trained
+                metrics = loop.train(batch)
                 loop.save(rollout_id)
                 if loop.push_due(rollout_id):
                     with ahead.paused():  # waits only for the rollout being generated right now

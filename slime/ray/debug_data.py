@@ -1,6 +1,9 @@
 """A rollout's train data on disk: ``--save-debug-rollout-data`` writes it, ``--load-debug-rollout-data``
 trains on it again.
 
+The file holds one dict: the train data's per-sample lists and, under ``"metrics"`` (``METRICS_KEY``),
+the rollout's metrics.
+
 The reader uses ``torch.load(weights_only=True)``, which rebuilds tensors and plain Python values only
 and never calls what a pickle names: a dump handed over from another machine cannot run code on the
 driver. So the writer stores nothing else. The train data is per-sample lists of numbers and strings,
@@ -20,8 +23,9 @@ import numpy as np
 import torch
 
 from slime.rollout.errors import RolloutError
+from slime.rollout.train_data import RolloutBatch
 
-TrainData = dict[str, Any]
+METRICS_KEY = "metrics"
 
 # Values the safe reader rebuilds as they are (``type`` exactly: a numpy float64 is a float subclass).
 _PLAIN = (type(None), bool, int, float, str, bytes)
@@ -36,10 +40,10 @@ class _NotPlain(Exception):
         self.path: list[object] = []
 
 
-def save_rollout_data(data: TrainData, path: str) -> None:
-    """Writes ``data`` to ``path`` (its directory is created) as ``load_rollout_data`` reads it back."""
+def save_rollout_data(batch: RolloutBatch, path: str) -> None:
+    """Writes ``batch`` to ``path`` (its directory is created) as ``load_rollout_data`` reads it back."""
     try:
-        plain = _plain(data)
+        plain = _plain({**batch.data, METRICS_KEY: batch.metrics})
     except _NotPlain as e:
         where = "".join(f"[{key!r}]" for key in e.path)
         raise RolloutError(
@@ -51,11 +55,11 @@ def save_rollout_data(data: TrainData, path: str) -> None:
     torch.save(plain, path)
 
 
-def load_rollout_data(path: str) -> TrainData:
-    """The train data ``save_rollout_data`` wrote to ``path``; a file holding anything else is refused
+def load_rollout_data(path: str) -> RolloutBatch:
+    """The rollout ``save_rollout_data`` wrote to ``path``; a file holding anything else is refused
     in one line (it could only be read by running code it names)."""
     try:
-        return torch.load(path, weights_only=True)
+        plain = torch.load(path, weights_only=True)
     except FileNotFoundError:
         raise RolloutError(f"--load-debug-rollout-data: {path} does not exist") from None
     except pickle.UnpicklingError:
@@ -67,6 +71,8 @@ def load_rollout_data(path: str) -> TrainData:
             "are loaded (anything else would run code from the file); write it with "
             "--save-debug-rollout-data"
         ) from None
+    metrics = plain.pop(METRICS_KEY, {})
+    return RolloutBatch(data=plain, metrics=metrics)
 
 
 def _plain(value: Any) -> Any:

@@ -13,18 +13,15 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 import ray
 
 from slime.ray.debug_data import load_rollout_data, save_rollout_data
 from slime.ray.session import TrainingSession
-from slime.rollout.train_data import METRICS_KEY
+from slime.rollout.train_data import RolloutBatch
 from slime.utils.metrics import MetricsLogger
 
 logger = logging.getLogger("slime")
-
-TrainData = dict[str, Any]
 
 
 def should_run(interval: int | None, rollout_id: int, num_rollout: int) -> bool:
@@ -102,8 +99,8 @@ class RolloutLoop:
             self.metrics_logger.log(rollout_id, ray.get(session.rollout.eval.remote(rollout_id)))
         self._step_start = time.perf_counter()
 
-    def generate(self, rollout_id: int) -> TrainData:
-        """One rollout's train data with its metrics under ``"metrics"``.
+    def generate(self, rollout_id: int) -> RolloutBatch:
+        """One rollout's train data and metrics.
 
         Read from ``--load-debug-rollout-data`` when given, dumped to ``--save-debug-rollout-data``
         (``slime.ray.debug_data``: plain values only, loaded without running code).
@@ -113,19 +110,19 @@ class RolloutLoop:
         settings = self.settings
         start = time.perf_counter()
         if settings.load_debug_rollout_data:
-            data = load_rollout_data(settings.load_debug_rollout_data.format(rollout_id=rollout_id))
+            batch = load_rollout_data(settings.load_debug_rollout_data.format(rollout_id=rollout_id))
         else:
-            data = ray.get(self.session.rollout.generate.remote(rollout_id))
-        data[METRICS_KEY]["perf/rollout_time"] = time.perf_counter() - start
+            batch = ray.get(self.session.rollout.generate.remote(rollout_id))
+        batch.metrics["perf/rollout_time"] = time.perf_counter() - start
         if settings.save_debug_rollout_data:
-            save_rollout_data(data, settings.save_debug_rollout_data.format(rollout_id=rollout_id))
+            save_rollout_data(batch, settings.save_debug_rollout_data.format(rollout_id=rollout_id))
         if self._due(settings.save_interval, rollout_id):
             ray.get(self.session.rollout.save.remote(rollout_id))
-        return data
+        return batch
 
-    def train(self, data: TrainData) -> dict[str, float]:
+    def train(self, batch: RolloutBatch) -> dict[str, float]:
         """Trains on one rollout (not with ``--debug-rollout-only``); the rollout's metrics."""
-        metrics = data.pop(METRICS_KEY)
+        data, metrics = batch.data, batch.metrics
         oldest = oldest_weight_version(data.get("weight_versions", []))
         if oldest is not None and not self.settings.load_debug_rollout_data:
             metrics["rollout/staleness"] = float(self.version - oldest)

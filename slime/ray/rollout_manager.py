@@ -54,7 +54,7 @@ from slime.rollout.rewards.failures import RewardFailureStreak
 from slime.rollout.rollout_function import RolloutFunction
 from slime.rollout.router import Router
 from slime.rollout.train_data import (
-    METRICS_KEY,
+    RolloutBatch,
     require_rollout_log_probs,
     rollout_metrics,
     samples_to_train_data,
@@ -149,8 +149,8 @@ class RolloutManager:
         parts = (self.data, rollout, rollout.sampling, rollout.reward, self.eval_settings)
         plugin_args_bind(self.plugin_args, *parts, self.fault_tolerance)
 
-    def generate(self, rollout_id: int) -> dict[str, Any]:
-        """One rollout as train data (per-sample lists) with its metrics under ``"metrics"``."""
+    def generate(self, rollout_id: int) -> RolloutBatch:
+        """One rollout: its train data (per-sample lists) and its metrics."""
         if self.data.save and rollout_id > 0:  # the position after the previous rollout, should this one fail
             self.positions.keep(rollout_id - 1)
         with self._failures_named():
@@ -158,15 +158,14 @@ class RolloutManager:
         self.reward_failures.observe(rollout_id, output.groups)
         require_rollout_log_probs(self.rollout, output.groups)
         reward_key = self.rollout.reward.reward_key
-        data: dict[str, Any] = samples_to_train_data(output.groups, reward_key)
+        data = samples_to_train_data(output.groups, reward_key)
         metrics = rollout_metrics(output.groups, seconds, reward_key)
         if self.recovery is not None:  # restarts and time out of service since the last rollout's report
             now = self.recovery.counters()
             metrics.update({key: value - self._fault_reported.get(key, 0.0) for key, value in now.items()})
             self._fault_reported = now
-        data[METRICS_KEY] = {**metrics, **output.metrics}
         self.positions.generated = rollout_id
-        return data
+        return RolloutBatch(data=data, metrics={**metrics, **output.metrics})
 
     def save_position_after(self, rollout_id: int) -> None:
         """The data position after ``rollout_id`` to ``--save``, for a run that stops between checkpoints."""

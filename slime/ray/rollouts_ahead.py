@@ -12,9 +12,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
 
-from slime.rollout.train_data import METRICS_KEY
+from slime.rollout.train_data import RolloutBatch
 
 
 class RolloutsAhead:
@@ -25,11 +24,11 @@ class RolloutsAhead:
     done, so every rollout is generated with one set of weights.
     """
 
-    def __init__(self, generate: Callable[[int], dict[str, Any]], rollout_ids: range, ahead: int) -> None:
+    def __init__(self, generate: Callable[[int], RolloutBatch], rollout_ids: range, ahead: int) -> None:
         if ahead < 1:
             raise ValueError(f"ahead must be >= 1, got {ahead}")
         self._generate, self._rollout_ids, self._ahead = generate, rollout_ids, ahead
-        self._ready: dict[int, dict[str, Any]] = {}
+        self._ready: dict[int, RolloutBatch] = {}
         self._generating = self._held = self._stopped = False
         self._error: BaseException | None = None
         self._cond = threading.Condition()
@@ -56,18 +55,18 @@ class RolloutsAhead:
                     return
                 self._generating = True
             try:
-                data = self._generate(rollout_id)
+                batch = self._generate(rollout_id)
             except BaseException as error:
                 with self._cond:
                     self._error, self._generating = error, False
                     self._cond.notify_all()
                 return
             with self._cond:
-                self._ready[rollout_id] = data
+                self._ready[rollout_id] = batch
                 self._generating = False
                 self._cond.notify_all()
 
-    def next(self, rollout_id: int) -> dict[str, Any]:
+    def next(self, rollout_id: int) -> RolloutBatch:
         """Rollout ``rollout_id``'s data, waiting if it is not generated yet (``perf/rollout_wait_time``).
 
         Raises the generation's error if generation failed before reaching it.
@@ -78,10 +77,10 @@ class RolloutsAhead:
             if rollout_id not in self._ready:
                 assert self._error is not None  # what wait_for returned on
                 raise self._error
-            data = self._ready.pop(rollout_id)
+            batch = self._ready.pop(rollout_id)
             self._cond.notify_all()
-        data[METRICS_KEY]["perf/rollout_wait_time"] = time.perf_counter() - start
-        return data
+        batch.metrics["perf/rollout_wait_time"] = time.perf_counter() - start
+        return batch
 
     @contextmanager
     def paused(self) -> Iterator[None]:

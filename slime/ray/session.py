@@ -48,7 +48,6 @@ class TrainingSession:
         self.trainer: TrainerGroup | None = None
         self.rollout: Any = None  # the RolloutManager's Ray actor handle (ray types it as Never-returning)
         self.start_rollout_id = 0
-        self.weight_version = 0
         self.engine_urls: list[str] = []
         self.external_urls: list[str] = []
         self._released: set[str] = set()  # memory tags this run's engines have released (--colocate)
@@ -204,9 +203,9 @@ class TrainingSession:
         if early and not self.colocate and not self.fault_tolerant:
             self._pausing = self.rollout.pause.remote(mode="abort")
 
-    def push_weights(self, version: int | None = None) -> dict[str, float]:
-        """Trainer weights to every engine; their ``weight_version`` becomes ``version`` (default: the
-        number of pushes), which every generated sample records.
+    def push_weights(self, version: int) -> dict[str, float]:
+        """Trainer weights to every engine; their ``weight_version`` becomes ``version`` (the loop
+        counts it: ``RolloutLoop.version``), which every generated sample records.
 
         Generation is paused around the update (nothing runs in the synchronous loop, but a request
         must never decode with half-updated weights); the last bucket flushes the engines' caches.
@@ -216,7 +215,6 @@ class TrainingSession:
         """
         if not self.uses_engines or self.trainer is None:
             return {}
-        self.weight_version = self.weight_version + 1 if version is None else version
         if self.fault_tolerant:
             self._follow_restarted_engines()
         pausing, self._pausing = self._pausing or self.rollout.pause.remote(mode="abort"), None
@@ -229,7 +227,7 @@ class TrainingSession:
                 # the weights are handed over from the trainer's GPU (``hand_gpus_to_engines`` follows).
                 self.trainer.offload(["train_state"])
                 self._engine_memory(memory.resume, ["weights"])
-            metrics = self._update_in_session()
+            metrics = self._update_in_session(version)
             failed = False
         finally:
             try:
@@ -261,12 +259,12 @@ class TrainingSession:
             assert self.trainer is not None  # push_weights: only with a trainer
             self.trainer.connect_engines(urls + self.external_urls)
 
-    def _update_in_session(self) -> dict[str, float]:
+    def _update_in_session(self, version: int) -> dict[str, float]:
         urls = self.engine_urls + self.external_urls
         in_session = urls if self.weight_sync.transport != "disk" else []
         assert self.trainer is not None  # push_weights: only with a trainer
         with weight_update_session(in_session, self.weight_sync.timeout_s):
-            return self.trainer.update_weights(str(self.weight_version))
+            return self.trainer.update_weights(str(version))
 
     def _engine_memory(self, call: MemoryCall, tags: list[str]) -> None:
         """Releases (or resumes) ``tags`` on this run's engines; resuming only what was released.

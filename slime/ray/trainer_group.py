@@ -15,14 +15,14 @@ import argparse
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from slime.backends.megatron.batching import TrainData, check_token_budget
+from slime.backends.megatron.batching import check_token_budget
 from slime.backends.megatron.policy_inputs import DataParallel, PolicyInputs, step_shard
 from slime.config.settings.cluster import COLOCATED_GPU_SHARE
 from slime.config.settings.trainer import TrainerSettings
@@ -31,6 +31,7 @@ from slime.config.slime_train_args import TRAINER_CALL_TIMEOUT_S
 from slime.engine_client.calls import EngineCallError
 from slime.ray.errors import TrainerFailure
 from slime.ray.trainer_faults import TrainerKill
+from slime.rollout.train_data import TrainData
 from slime.utils.device import import_megatron_core, worker_env
 from slime.utils.http import free_port
 
@@ -95,13 +96,21 @@ class TrainerActor:
 
     def compute_log_probs(self, data: TrainData) -> tuple[int, list] | None:
         """``(data-parallel rank, log-probs of its shard)`` from one reporting rank per shard, else None."""
+        return self._per_shard(data, self._trainer.compute_log_probs)
+
+    def compute_values(self, data: TrainData) -> tuple[int, list] | None:
+        """The critic's ``(data-parallel rank, values of its shard)`` from one reporting rank per shard."""
+        return self._per_shard(data, self._trainer.compute_values)
+
+    def _per_shard(
+        self, data: TrainData, forward: Callable[[TrainData], list | None]
+    ) -> tuple[int, list] | None:
         from megatron.core import parallel_state as mpu
 
         dp = self._policy_inputs.dp
-        shard = step_shard(data, 0, 1, dp.rank, dp.size)
-        log_probs = self._trainer.compute_log_probs(shard)
+        outputs = forward(step_shard(data, 0, 1, dp.rank, dp.size))
         reporting = mpu.get_tensor_model_parallel_rank() == 0 and mpu.get_context_parallel_rank() == 0
-        return (dp.rank, log_probs) if log_probs is not None and reporting else None
+        return (dp.rank, outputs) if outputs is not None and reporting else None
 
     def train(self, data: TrainData, rollout_id: int, update_policy: bool = True) -> list[dict[str, float]]:
         """``--num-steps-per-rollout`` optimizer steps over rollout ``rollout_id``; metrics of every step.
@@ -300,17 +309,21 @@ class TrainerGroup:
         ]
 
     def compute_values(self, data: TrainData) -> list:
-        """The critic's per-token values of every sample: its value head's output through the forward
-        that gives the actor's log-probs."""
-        return self.compute_log_probs(data)
+        """The critic's per-token values of every sample, in order (gathered from the last pipeline
+        stage)."""
+        return self._gathered("compute_values", data)
 
     def compute_log_probs(self, data: TrainData) -> list:
         """Response log-probs of every sample, in order (gathered from the last pipeline stage), at the
         temperature the trainer trains at (``TrainerSettings.temperature``)."""
+        return self._gathered("compute_log_probs", data)
+
+    def _gathered(self, method: str, data: TrainData) -> list:
+        """``method``'s per-sample outputs from every data-parallel shard, in the data's order."""
         check_token_budget(data["tokens"], self.settings.batch.max_tokens_per_gpu)
-        results = self._call("compute_log_probs", ray.put(data))
+        results = self._call(method, ray.put(data))
         shards = sorted(result for result in results if result is not None)
-        return [log_prob for _, part in shards for log_prob in part]
+        return [output for _, part in shards for output in part]
 
     def hf_state_dict(self) -> dict:
         return self._call("hf_state_dict")[0]

@@ -26,6 +26,7 @@ from slime.rollout.generate_utils import (
 )
 from slime.rollout.plugin_args import rollout_settings, router_url, tokenizer_path
 from slime.rollout.sample import Sample
+from slime.rollout.sampling import sampling_params
 
 
 def _load_processor(path: str) -> Any:
@@ -57,9 +58,6 @@ class GenerateState:
         return cls._instance
 
     def _build(self, args: argparse.Namespace) -> None:
-        # imported here: sglang_rollout re-exports this module, so a top-level import would be circular
-        from slime.rollout.sglang_rollout import sampling_params
-
         self.args = args
         self.tokenizer = cached_tokenizer(tokenizer_path(args))
         self.processor = _load_processor(tokenizer_path(args))

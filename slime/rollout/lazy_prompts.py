@@ -12,17 +12,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from slime.rollout.prompt_files import DataError, PromptFormat
 from slime.rollout.prompt_index import PromptIndex, RecordReader
 from slime.rollout.sample import Sample
-
-if TYPE_CHECKING:
-    from slime.rollout.prompt_workers import PromptWorkers
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +39,12 @@ class Rejected:
 
 
 Outcome = Sample | Rejected
+
+
+class OutcomeWorkers(Protocol):
+    """Reads positions elsewhere (``prompt_workers.PromptWorkers``): what ``read_all`` hands them."""
+
+    def submit(self, records: np.ndarray) -> Future[list[Outcome]]: ...
 
 
 class LazyPrompts:
@@ -81,7 +85,7 @@ class LazyPrompts:
         return out
 
 
-def read_all(prompts: LazyPrompts, workers: PromptWorkers | None, stop_on_bad: bool) -> list[Outcome]:
+def read_all(prompts: LazyPrompts, workers: OutcomeWorkers | None, stop_on_bad: bool) -> list[Outcome]:
     """Every position of ``prompts`` read now (the in-memory source), by ``workers`` when given.
 
     With ``stop_on_bad`` the first malformed record in file order is raised as its ``DataError``, before

@@ -52,7 +52,7 @@ from tqdm import tqdm
 from slime.config.eval_config import EvalSetSettings
 from slime.config.settings.eval import EvalSettings
 from slime.config.settings.fault_tolerance import FaultToleranceSettings
-from slime.config.settings.rollout import RolloutSettings, SamplingSettings
+from slime.config.settings.rollout import RolloutSettings
 from slime.engine_client import control
 from slime.engine_client.generate import client_session, run_on_thread_loop
 from slime.rollout.data_source import DataSource
@@ -76,6 +76,7 @@ from slime.rollout.plugin_args import eval_settings, rollout_settings, router_ur
 from slime.rollout.rewards import RewardChoice, score_groups
 from slime.rollout.router import engine_urls
 from slime.rollout.sample import Sample
+from slime.rollout.sampling import sampling_params
 from slime.utils.plugins import declares, is_group_generate, load_function
 
 # (args, sample, sampling_params) per sample, or (args, samples, ...) per group (the usage guide's form).
@@ -97,33 +98,6 @@ BAR_DELAY_S = 2.0
 
 def sample_bar(desc: str, total: int) -> tqdm:
     return tqdm(total=total, desc=desc, unit="sample", mininterval=1.0, delay=BAR_DELAY_S)
-
-
-def sampling_params(sampling: SamplingSettings, eval_set: EvalSetSettings | None = None) -> dict[str, Any]:
-    """SGLang sampling parameters from the ``--rollout-*`` flags, or an evaluation set's settings: the
-    one place a request's temperature comes from.
-
-    Stop strings, stop tokens and special-token skipping are the rollout's for both: they belong to
-    the model's chat format, not to a data set. ``no_stop_trim`` keeps a matched stop string in the
-    text, so that ``response`` is the text of exactly the tokens trained on (``output_ids`` always
-    keep the stop token).
-    """
-    params: dict[str, Any] = {
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
-        "top_k": sampling.top_k,
-        "max_new_tokens": sampling.max_response_len,
-        "skip_special_tokens": sampling.skip_special_tokens,
-        "no_stop_trim": True,
-    }
-    if eval_set is not None:
-        params["temperature"], params["top_p"] = eval_set.temperature, eval_set.top_p
-        params["top_k"], params["max_new_tokens"] = eval_set.top_k, eval_set.max_response_len
-    if sampling.stop:
-        params["stop"] = list(sampling.stop)
-    if sampling.stop_token_ids:
-        params["stop_token_ids"] = list(sampling.stop_token_ids)
-    return params
 
 
 def apply_reply(sample: Sample, prompt: list[int], reply: dict[str, Any]) -> Sample:

@@ -1,21 +1,37 @@
 """A rollout's scored sample groups as the trainer takes them, and the metrics a rollout logs.
 
-``samples_to_train_data`` is the one shape of what leaves the rollout side for the trainer: a dict of
-per-sample lists, in group order (the rollout manager adds the rollout's metrics under ``"metrics"``).
+``TrainData`` is the one shape of what leaves the rollout side for the trainer (``samples_to_train_data``
+builds it); a ``RolloutBatch`` is one rollout's train data with the metrics the rollout measured, as
+the rollout manager hands it to the driver's loop.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from slime.config.settings.rollout import RolloutSettings
 from slime.rollout.errors import RolloutError
 from slime.rollout.sample import Sample
 
-METRICS_KEY = "metrics"
+TrainData = dict[str, list[Any]]
+"""Per-sample lists, all of one length, in group order: the keys ``samples_to_train_data`` fills, then
+the trainer's own (``loss_weights``, ``advantages``, ``old_log_probs``, the critic's ``values`` and
+``returns``, ...; see ``slime.backends.megatron.batching``). Plain lists, so it crosses Ray as it is."""
 
 
-def samples_to_train_data(groups: list[list[Sample]], reward_key: str | None = None) -> dict[str, list[Any]]:
+@dataclass
+class RolloutBatch:
+    """One rollout: what the trainer trains on and what the loop logs of it (``rollout/*``, ``perf/*``).
+
+    The driver's loop adds its timings (``perf/rollout_time``, ...) to ``metrics``; only ``data`` goes
+    on to the trainer."""
+
+    data: TrainData
+    metrics: dict[str, float]
+
+
+def samples_to_train_data(groups: list[list[Sample]], reward_key: str | None = None) -> TrainData:
     """The trainer's per-sample lists from scored sample groups, in group order.
 
     ``rewards`` is the scalar that trains (``--reward-key`` picks it from a dict); ``raw_rewards`` is
@@ -40,7 +56,7 @@ def samples_to_train_data(groups: list[list[Sample]], reward_key: str | None = N
     keys += ["weight_versions", "valid_rewards", "prompt_groups"]
     if with_log_probs:
         keys += ["rollout_log_probs", "rollout_log_prob_masks"]
-    data: dict[str, list[Any]] = {key: [] for key in keys}
+    data: TrainData = {key: [] for key in keys}
     for sample, prompt_group in zip(samples, prompt_groups, strict=True):
         n = sample.response_length
         mask = list(sample.loss_mask) if sample.loss_mask is not None else [1] * n

@@ -13,14 +13,14 @@ import torch
 
 from slime.config.settings.loop import LoopSettings
 from slime.config.settings.metrics import MetricsSettings
-from slime.ray.debug_data import load_rollout_data, save_rollout_data
+from slime.ray.debug_data import METRICS_KEY, load_rollout_data, save_rollout_data
 from slime.ray.loop import RolloutLoop
 from slime.rollout.errors import RolloutError
 from slime.rollout.sample import Sample
-from slime.rollout.train_data import METRICS_KEY, samples_to_train_data
+from slime.rollout.train_data import RolloutBatch, samples_to_train_data
 
 
-def train_data() -> dict:
+def train_data() -> RolloutBatch:
     """A rollout's train data as the rollout manager sends it, with the numpy values plugins return: a
     reward dict of numpy numbers and arrays, a rollout function's numpy metric."""
     samples = [
@@ -30,8 +30,7 @@ def train_data() -> dict:
         for i in range(2)
     ]  # fmt: skip
     data = samples_to_train_data([samples], reward_key="score")
-    data[METRICS_KEY] = {"rollout/raw_reward": 0.5, "rollout/custom": np.float64(2.0)}
-    return data
+    return RolloutBatch(data=data, metrics={"rollout/raw_reward": 0.5, "rollout/custom": np.float64(2.0)})
 
 
 def rollout_loop(tmp_path: Path, load: str | None = None, save: str | None = None) -> RolloutLoop:
@@ -59,11 +58,11 @@ def test_saved_rollout_data_loads_back_with_weights_only_and_trains_again(tmp_pa
     loop = rollout_loop(tmp_path, load=str(tmp_path / "dumps" / "rollout_{rollout_id}.pt"),
                         save=str(tmp_path / "again_{rollout_id}.pt"))  # fmt: skip
     try:
-        data = loop.generate(0)
+        batch = loop.generate(0)
     finally:
         loop.metrics_logger.close()
-    assert data[METRICS_KEY].pop("perf/rollout_time") >= 0
-    assert data == plain
+    assert batch.metrics.pop("perf/rollout_time") >= 0
+    assert {**batch.data, METRICS_KEY: batch.metrics} == plain
     again = torch.load(tmp_path / "again_0.pt", weights_only=True)
     del again[METRICS_KEY]["perf/rollout_time"]
     assert again == plain
@@ -94,10 +93,10 @@ def test_a_dump_that_would_run_code_is_refused_and_the_code_never_runs(tmp_path)
 
 
 def test_data_that_would_not_load_back_is_refused_when_saved_naming_where_it_is(tmp_path):
-    data = train_data()
-    data["raw_rewards"][1]["judge"] = os  # a module in a reward dict: no safe reader rebuilds it
+    batch = train_data()
+    batch.data["raw_rewards"][1]["judge"] = os  # a module in a reward dict: no safe reader rebuilds it
     with pytest.raises(RolloutError) as refused:
-        save_rollout_data(data, str(tmp_path / "rollout_0.pt"))
+        save_rollout_data(batch, str(tmp_path / "rollout_0.pt"))
     assert str(refused.value).startswith(
         "--save-debug-rollout-data: the rollout's data['raw_rewards'][1]['judge'] is a module, which is "
         "not saved (only tensors, numbers, strings, lists and dicts load back safely)"

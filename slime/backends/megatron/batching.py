@@ -30,15 +30,13 @@ from dataclasses import dataclass, replace
 import torch
 
 from slime.config.errors import ConfigError
-
-TrainData = dict[str, list]
-"""Per-sample lists, all of one length. Required keys: ``tokens`` (prompt + response ids),
-``response_lengths``, ``loss_masks`` (one 0/1 per response token) and ``loss_weights`` (the factor
-that turns a sample's token sum into its share of the global loss; see ``slime.algorithms.aggregation``).
-Algorithms add their own per-sample keys (``advantages``, ``old_log_probs``, ...)."""
+from slime.rollout.train_data import TrainData
 
 SAMPLE_KEYS = ("tokens", "response_lengths", "loss_masks")
 REQUIRED_KEYS = (*SAMPLE_KEYS, "loss_weights")
+"""What a rank's train data must hold: ``tokens`` (prompt + response ids), ``response_lengths``,
+``loss_masks`` (one 0/1 per response token) and ``loss_weights`` (the factor that turns a sample's token
+sum into its share of the global loss; see ``slime.algorithms.aggregation``)."""
 
 
 @dataclass

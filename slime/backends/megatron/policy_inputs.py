@@ -28,8 +28,9 @@ import torch
 
 from slime.algorithms import advantages as adv
 from slime.algorithms.aggregation import loss_weights
-from slime.backends.megatron.batching import SAMPLE_KEYS, TrainData, check_train_data
+from slime.backends.megatron.batching import SAMPLE_KEYS, check_train_data
 from slime.config.settings.trainer import TrainerSettings
+from slime.rollout.train_data import TrainData
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,6 @@ from slime.algorithms.mismatch import per_scored_token
 from slime.backends.megatron import checkpoint
 from slime.backends.megatron.batching import (
     MicroBatch,
-    TrainData,
     consecutive_groups,
     even_groups,
     interleaved_count,
@@ -50,6 +49,7 @@ from slime.backends.megatron.offload import TrainerMemory
 from slime.backends.megatron.packed_attention import packed_seq_params, shared_prompt_layouts
 from slime.backends.megatron.value_head import attach_value_heads
 from slime.config.settings.trainer import TrainerSettings
+from slime.rollout.train_data import TrainData
 from slime.utils.device import distributed_backend, setup_device
 from slime.utils.http import listening_socket_fd
 
@@ -251,16 +251,28 @@ class MegatronTrainer:
 
     # ---- calls made by the trainer group ---------------------------------------------------------
 
-    @torch.no_grad()
     def compute_log_probs(self, data: TrainData) -> list[torch.Tensor] | None:
         """Per-sample log-probs of the response tokens (on the last pipeline stage; None elsewhere), at
         the training temperature (``TrainerSettings.temperature``)."""
+        assert not self.is_critic, "the critic has a value head, not log-probs: compute_values"
+        return self._response_forward(data)
+
+    def compute_values(self, data: TrainData) -> list[torch.Tensor] | None:
+        """The critic's value of the state before every response token, per sample (on the last pipeline
+        stage; None elsewhere): the baseline PPO's GAE needs."""
+        assert self.is_critic, "only the critic has a value head (--advantage-estimator ppo)"
+        return self._response_forward(data)
+
+    @torch.no_grad()
+    def _response_forward(self, data: TrainData) -> list[torch.Tensor] | None:
+        """A forward pass without gradients; the model's per-response-token output of every sample, in
+        the data's order (the last pipeline stage; None elsewhere)."""
         for chunk in self.model:
             chunk.eval()
 
-        def collect(batch, log_probs, _entropy):
-            outputs = {"log_probs": [lp.float().cpu() for lp in log_probs], "indices": batch.indices}
-            return torch.zeros((), device=self.device), outputs
+        def collect(batch, outputs, _entropy):
+            kept = {"outputs": [out.float().cpu() for out in outputs], "indices": batch.indices}
+            return torch.zeros((), device=self.device), kept
 
         stored = self._run(data, collect, forward_only=True, with_entropy=False)
         if not mpu.is_pipeline_last_stage():
@@ -268,9 +280,9 @@ class MegatronTrainer:
         # Dynamic micro-batches hold samples out of order; put them back in the data's order.
         ordered: list[torch.Tensor | None] = [None] * len(data["tokens"])
         for item in stored:
-            for index, log_prob in zip(item["indices"], item["log_probs"], strict=True):
-                ordered[index] = log_prob
-        found = [log_prob for log_prob in ordered if log_prob is not None]
+            for index, output in zip(item["indices"], item["outputs"], strict=True):
+                ordered[index] = output
+        found = [output for output in ordered if output is not None]
         assert len(found) == len(ordered)  # the micro-batches cover every sample once
         return found
 

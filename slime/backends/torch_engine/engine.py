@@ -20,8 +20,9 @@ import torch
 from slime.backends.torch_engine import protocol, weights
 from slime.backends.torch_engine.model_runner import ModelRunner
 from slime.backends.torch_engine.protocol import GenerateInput, ProtocolError
+from slime.backends.torch_engine.request import Request
 from slime.backends.torch_engine.sampling import RowSampling
-from slime.backends.torch_engine.scheduler import Request, Scheduler
+from slime.backends.torch_engine.scheduler import Scheduler
 from slime.backends.torch_engine.server_args import ServerArgs
 from slime.backends.torch_engine.update_groups import WeightUpdateGroups
 

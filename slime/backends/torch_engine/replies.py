@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from slime.backends.torch_engine.scheduler import Request
+from slime.backends.torch_engine.request import Request
 
 
 def generate_reply(request: Request, tokenizer: Any, weight_version: str) -> dict[str, Any]:

@@ -24,8 +24,8 @@ from aiohttp.typedefs import Middleware
 from slime.backends.torch_engine import faults, protocol, weights
 from slime.backends.torch_engine.engine import TorchEngine
 from slime.backends.torch_engine.protocol import ProtocolError, SamplingParams
+from slime.backends.torch_engine.request import Request
 from slime.backends.torch_engine.sampling import RowSampling
-from slime.backends.torch_engine.scheduler import Request
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,47 @@
+"""A /generate request's state from arrival to its reply: what the server builds, the scheduler
+advances and ``replies.generate_reply`` answers from."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from slime.backends.torch_engine.protocol import SamplingParams
+from slime.backends.torch_engine.sampling import RowSampling
+
+
+@dataclass
+class Request:
+    """A request's state from arrival to its reply."""
+
+    rid: str
+    input_ids: list[int]
+    params: SamplingParams
+    max_new_tokens: int
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    return_text_in_logprobs: bool = False
+    on_finish: Callable[[dict[str, Any]], None] | None = None
+    arrival: float = field(default_factory=time.perf_counter)
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    input_logprobs: list[float | None] = field(default_factory=list)
+    finish_reason: dict[str, Any] | None = None
+    slot: int = -1
+    kv_len: int = 0  # tokens whose keys/values are in the cache (prompt + outputs but the last)
+    num_retractions: int = 0
+    sampling: RowSampling | None = None
+    stop_ids: frozenset[int] = frozenset()  # finish on these (empty with ignore_eos)
+    banned_until_min: list[int] = field(default_factory=list)  # suppressed before min_new_tokens
+    stop_tail_tokens: int = 0  # output tokens to decode when looking for stop strings
+    aborted_in_queue: bool = False  # answered in the short shape of an abort from the waiting queue
+    cached_tokens: int = 0  # prompt tokens whose keys/values were copied rather than computed
+
+    @property
+    def wants_input_logprobs(self) -> bool:
+        return self.return_logprob and 0 <= self.logprob_start_len < len(self.input_ids)
+
+    def reserved_tokens(self) -> int:
+        return len(self.input_ids) + self.max_new_tokens

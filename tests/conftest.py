@@ -93,3 +93,16 @@ def ray_cluster():
     )
     yield
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def stack(ray_cluster, tiny_run_flags):
+    """``stack(layout)``: the started TrainingSession of a layout (a name in
+    ``tests.support.stacks.LAYOUTS`` or a mapping of ``tiny_run_flags`` overrides), started once and
+    shared by the tests that need one running; each test leaves it as it found it. All stop at the
+    session's end, with no actor, placement group, engine or router left."""
+    from tests.support.stacks import Stacks
+
+    stacks = Stacks(tiny_run_flags)
+    yield stacks
+    stacks.close()

@@ -79,8 +79,7 @@ def test_colocated_rollouts_hand_weights_over_in_place(ray_cluster, tiny_run_fla
         previous = assert_engines_equal_trainer(session, urls, "1")
         before = {url: len(engine_events(url)) for url in urls}
         for rollout_id in range(2):
-            data = ray.get(session.rollout.generate.remote(rollout_id))
-            data.pop("metrics")
+            data = ray.get(session.rollout.generate.remote(rollout_id)).data
             mark = len(session.trainer.memory_events())
             session.hand_gpus_to_trainer()
             refused = post_json_sync_status(urls[0])

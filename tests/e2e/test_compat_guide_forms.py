@@ -29,11 +29,13 @@ from slime.rollout.generate_utils import rollout_context
 from slime.rollout.rewards import score_groups
 from slime.rollout.rewards.scoring import reward_model
 from slime.rollout.sample import Sample
-from slime.rollout.sglang_rollout import RolloutClient, generate_groups, sampling_params
+from slime.rollout.sampling import sampling_params
+from slime.rollout.sglang_rollout import RolloutClient, generate_groups
 from slime.utils.plugins import load_function
 from tests.support.configs import base, expect_error, make_hf
+from tests.support.in_process import train_in_process
 from tests.support.rollouts import make, rollout_parts
-from tests.support.train_runs import ONE_PER_SIDE, read_events, run_train
+from tests.support.train_runs import ONE_PER_SIDE, read_events
 
 REPO = Path(__file__).resolve().parents[2]
 GUIDE_GENERATE = REPO / "tests/support/plugins/compat/guide_generate.py"
@@ -318,7 +320,9 @@ def test_a_reward_model_answering_wrong_fails_its_group_naming_the_class(tmp_pat
 
 
 @pytest.mark.e2e
-def test_the_guide_generate_and_reward_model_train_two_rollouts(tiny_run_flags, tmp_path, model_dir):
+def test_the_guide_generate_and_reward_model_train_two_rollouts(
+    ray_cluster, tiny_run_flags, tmp_path, model_dir
+):
     """The guide's generate as a bare relative file and its reward-model class: 2 rollouts train.
     Before, the bare file was read as a dotted path (exit 2), the group form got one Sample
     (``TypeError: 'Sample' object is not iterable``) and the class was refused."""
@@ -330,7 +334,7 @@ def test_the_guide_generate_and_reward_model_train_two_rollouts(tiny_run_flags, 
         "--custom-rm-model-path", str(model_dir),
         **ONE_PER_SIDE, rm_type=None,
     )  # fmt: skip
-    run_train(flags)
+    train_in_process(flags)
     scalars = read_events(tb)
     assert [step for step, _ in scalars["train/loss"]] == [0, 1]
     records = [json.loads(line) for line in (model_dir / "calls.jsonl").read_text().splitlines()]

@@ -22,12 +22,12 @@ from slime.rollout.generate_state import GenerateState
 from slime.rollout.output import RolloutOutput
 from slime.rollout.rm_hub import async_rm, batched_async_rm
 from slime.rollout.rollout_function import RolloutFunction
-from slime.rollout.sglang_rollout import sampling_params
+from slime.rollout.sampling import sampling_params
 from slime.utils import http_utils
 from slime.utils.http import HttpError
 from slime.utils.types import Sample
+from tests.support.in_process import train_in_process
 from tests.support.rollouts import rollout_only_args
-from tests.support.train_runs import run_train
 
 
 @pytest.fixture
@@ -236,22 +236,21 @@ def _log(path: Path) -> list[dict]:
 
 
 @pytest.mark.e2e
-def test_upstream_multi_turn_generate_reward_and_filter_train(tiny_run_flags, tmp_path):
+def test_upstream_multi_turn_generate_reward_and_filter_train(ray_cluster, tiny_run_flags, tmp_path):
     """Upstream's multi-turn generate (GenerateState, post, Sample.Status.TRUNCATED), its reward
     function form and a filter from filter_hub train two rollouts."""
-    log = tmp_path / "compat.jsonl"
-    run_train(
+    train_in_process(
         tiny_run_flags(
+            "--tb-dir", str(tmp_path),
             "--custom-generate-function-path",
             "tests.support.plugins.compat.upstream_multi_turn_generate.generate",
             "--custom-rm-path", "tests.support.plugins.compat.upstream_reward.reward_func",
             "--dynamic-sampling-filter-path",
             "tests.support.plugins.compat.upstream_filters.nonzero_std_logged",
             **ONE_EACH,
-        ),
-        env={"COMPAT_LOG": str(log)},
+        )
     )  # fmt: skip
-    entries = _log(log)
+    entries = _log(tmp_path / "compat.jsonl")
     generated = [e for e in entries if e["plugin"] == "generate"]
     assert len(generated) >= 16 and all(e["semaphore"] for e in generated)  # 2 rollouts x 4 groups x 2
     assert "truncated" in {e["status"] for e in generated} <= {"completed", "truncated"}
@@ -260,20 +259,19 @@ def test_upstream_multi_turn_generate_reward_and_filter_train(tiny_run_flags, tm
 
 
 @pytest.mark.e2e
-def test_upstream_rollout_function_with_data_buffer_trains(tiny_run_flags, tmp_path):
+def test_upstream_rollout_function_with_data_buffer_trains(ray_cluster, tiny_run_flags, tmp_path):
     """Upstream's rollout function (default ``generate``, ``batched_async_rm``, RolloutFnTrainOutput)
     over ``RolloutDataSourceWithBuffer``: the group it hands back is served first the next rollout."""
-    log = tmp_path / "compat.jsonl"
-    run_train(
+    train_in_process(
         tiny_run_flags(
+            "--tb-dir", str(tmp_path),
             "--rollout-function-path", "tests.support.plugins.compat.upstream_rollout.generate_rollout",
             "--data-source-path", "slime.rollout.data_source.RolloutDataSourceWithBuffer",
             "--buffer-filter-path", "tests.support.plugins.compat.upstream_filters.pop_last",
             "--custom-rm-path", "tests.support.plugins.compat.upstream_reward.batched_reward", **ONE_EACH,
-        ),
-        env={"COMPAT_LOG": str(log)},
+        )
     )  # fmt: skip
-    first, second = [e for e in _log(log) if e["plugin"] == "rollout"]
+    first, second = [e for e in _log(tmp_path / "compat.jsonl") if e["plugin"] == "rollout"]
     assert second["first_group"] == first["spare"]  # the buffered group came back first
     assert first["buffered"] == second["buffered"] == 1
     assert set(first["statuses"]) <= {"completed", "truncated"}

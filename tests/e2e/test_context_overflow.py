@@ -25,7 +25,8 @@ from slime.rollout.generate_utils import (
 )
 from slime.rollout.sample import Sample
 from slime.rollout.train_data import rollout_metrics, samples_to_train_data
-from tests.support.train_runs import ONE_PER_SIDE, read_events, run_train
+from tests.support.in_process import train_in_process
+from tests.support.train_runs import ONE_PER_SIDE, read_events
 
 CONTEXT = 24
 """The engines' context length in these tests: the reverse task's 3-letter prompts fit, with room for
@@ -110,7 +111,7 @@ def test_a_plugin_sample_finished_without_a_response_token_is_carried_failed():
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_a_rollout_with_a_prompt_over_the_context_trains_on(tiny_run_flags, tmp_path):
+def test_a_rollout_with_a_prompt_over_the_context_trains_on(ray_cluster, tiny_run_flags, tmp_path):
     """One rollout of 4 prompts × 4 samples on engines of context 24, one prompt of 52 tokens: its 4
     samples fail, the other 12 train, and the run ends normally."""
     prompts = tmp_path / "prompts.jsonl"
@@ -121,7 +122,7 @@ def test_a_rollout_with_a_prompt_over_the_context_trains_on(tiny_run_flags, tmp_
         "--tb-dir", str(tb), "--save-debug-rollout-data", str(dump),
         **ONE_PER_SIDE, prompt_data=prompts, sglang_context_length=CONTEXT, num_rollout=1,
     )  # fmt: skip
-    run_train(flags)
+    train_in_process(flags)
     scalars = read_events(tb)
     assert scalars["rollout/failed_ratio"] == [(0, 0.25)]
     assert scalars["rollout/context_capped_samples"] == [(0, 4.0)]

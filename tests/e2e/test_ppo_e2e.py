@@ -1,30 +1,29 @@
-"""PPO with a critic group and GSPO with the off-policy corrections, each 2 rollouts through ``train.py``.
+"""PPO with a critic group and GSPO with the off-policy corrections, each 2 rollouts of ``train.py``'s
+``train`` in-process on the session's Ray.
 
 One engine and one trainer rank per run (plus the critic's rank for PPO) keep them short. The harness
-(flags, process-leak check, TensorBoard reader) is test_train_loop's, the data conftest's ``reverse_task``.
+(flags, leak check, TensorBoard reader) is tests.support's, the data conftest's ``reverse_task``.
 """
 
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 
-from tests.support.paths import PLUGINS
-from tests.support.train_runs import ONE_PER_SIDE, read_events, run_train
+from tests.support.in_process import train_in_process
+from tests.support.train_runs import ONE_PER_SIDE, read_events
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-def test_ppo_warms_up_the_critic_saves_it_and_resumes_it(tiny_run_flags, tmp_path, monkeypatch):
+def test_ppo_warms_up_the_critic_saves_it_and_resumes_it(ray_cluster, tiny_run_flags, tmp_path):
     """Rollout 0 trains only the critic and is saved with the actor; a resumed run loads both and trains
     both on rollout 1."""
     ckpt, tb, resumed_tb = tmp_path / "ckpt", tmp_path / "tb", tmp_path / "tb_resumed"
     # rewards that vary (the response length) give the critic non-zero returns to fit
-    monkeypatch.setenv("PYTHONPATH", f"{PLUGINS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     extra = [
-        "--custom-rm-path", "length_reward.response_length_reward",
+        "--custom-rm-path", "tests.support.plugins.length_reward.response_length_reward",
         "--advantage-estimator", "ppo",
         "--num-critic-only-steps", "1",
         "--critic-lr", "1e-3",
@@ -33,7 +32,7 @@ def test_ppo_warms_up_the_critic_saves_it_and_resumes_it(tiny_run_flags, tmp_pat
         "--kl-coef", "0.01",
     ]  # fmt: skip
     saving = ["--save", str(ckpt), "--save-interval", "1", "--tb-dir", str(tb)]
-    run_train(tiny_run_flags(*extra, *saving, **ONE_PER_SIDE, num_rollout=1))
+    train_in_process(tiny_run_flags(*extra, *saving, **ONE_PER_SIDE, num_rollout=1))
     scalars = read_events(tb)
     # the zero-initialised head values everything 0; the returns are not, so the loss is positive
     assert scalars["train/critic/values_mean"] == [(0, 0.0)]
@@ -45,8 +44,8 @@ def test_ppo_warms_up_the_critic_saves_it_and_resumes_it(tiny_run_flags, tmp_pat
     assert (ckpt / "critic" / "latest_checkpointed_iteration.txt").read_text() == "0"
 
     resume = ["--load", str(ckpt), "--tb-dir", str(resumed_tb)]
-    result = run_train(tiny_run_flags(*extra, *resume, **ONE_PER_SIDE))
-    assert "at rollout 1" in result.stderr
+    result = train_in_process(tiny_run_flags(*extra, *resume, **ONE_PER_SIDE))
+    assert "at rollout 1" in result.log
     scalars = read_events(resumed_tb)
     # a fresh critic would value everything exactly 0: this one was loaded
     values_mean = scalars["train/critic/values_mean"]
@@ -55,7 +54,7 @@ def test_ppo_warms_up_the_critic_saves_it_and_resumes_it(tiny_run_flags, tmp_pat
     assert [step for step, _ in scalars["train/pg_loss"]] == [1] and scalars["train/skipped"] == [(1, 0.0)]
 
 
-def test_gspo_with_masked_is_and_kl_shaping(tiny_run_flags, tmp_path):
+def test_gspo_with_masked_is_and_kl_shaping(ray_cluster, tiny_run_flags, tmp_path):
     tb = tmp_path / "tb"
     extra = [
         "--advantage-estimator", "gspo",
@@ -64,7 +63,7 @@ def test_gspo_with_masked_is_and_kl_shaping(tiny_run_flags, tmp_path):
         "--kl-coef", "0.01", "--ref-update-interval", "1",
         "--tb-dir", str(tb),
     ]  # fmt: skip
-    run_train(tiny_run_flags(*extra, **ONE_PER_SIDE))
+    train_in_process(tiny_run_flags(*extra, **ONE_PER_SIDE))
     scalars = read_events(tb)
     assert [step for step, _ in scalars["train/loss"]] == [0, 1]
     assert all(math.isfinite(v) for _, v in scalars["train/loss"])

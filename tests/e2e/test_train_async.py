@@ -1,52 +1,40 @@
 """``train_async.py`` end to end on CPU, ``--debug-rollout-only``, and the generate-ahead thread alone.
 
-The e2e runs use one torch engine and one Megatron trainer rank (the overlap needs nothing more) and
-read back what a user would: exit status, TensorBoard scalars, checkpoint files and the per-rollout
-dumps of ``--save-debug-rollout-data``, whose ``weight_versions`` say which weights generated what.
+The e2e runs use one torch engine and one Megatron trainer rank (the overlap needs nothing more), run
+in-process on the session's Ray, and read back what a user would: TensorBoard scalars, checkpoint files
+and the per-rollout dumps of ``--save-debug-rollout-data``, whose ``weight_versions`` say which weights
+generated what. The refusal of ``--colocate`` (a one-line error and exit status 2) runs the script.
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import threading
 import time
-import uuid
 
 import pytest
 import torch
 
 from slime.ray.rollouts_ahead import RolloutsAhead
+from slime.rollout.train_data import RolloutBatch
+from tests.support.in_process import train_in_process
 from tests.support.paths import REPO
-from tests.support.train_runs import LOOP, ONE_PER_SIDE, processes_tagged, read_events
+from tests.support.train_runs import LOOP, ONE_PER_SIDE, read_events
 
 ROLLOUT_BATCH_SIZE, N_SAMPLES = 4, 4
 
 
-def run_script(script: str, flags: list[str]) -> subprocess.CompletedProcess:
-    """``script`` as a user runs it; exit 0 and no process it started left alive afterwards."""
-    tag = uuid.uuid4().hex
-    env = {**os.environ, "SLIME_TEST_RUN": tag}
-    result = subprocess.run(
-        [sys.executable, script, *flags], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    time.sleep(1)  # processes that were killed a moment ago may still be exiting
-    assert not processes_tagged(tag), processes_tagged(tag)
-    return result
-
-
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_train_async_overlaps_generation_and_records_weight_versions(tiny_run_flags, tmp_path):
+def test_train_async_overlaps_generation_and_records_weight_versions(ray_cluster, tiny_run_flags, tmp_path):
     ckpt, tb = tmp_path / "ckpt", tmp_path / "tb"
     dump = tmp_path / "rollout_{rollout_id}.pt"
     flags = tiny_run_flags(
         "--save", str(ckpt), "--save-interval", "3", "--tb-dir", str(tb),
         "--save-debug-rollout-data", str(dump), **ONE_PER_SIDE, num_rollout=3,
     )  # fmt: skip
-    run_script("train_async.py", flags)
+    train_in_process(flags, entry="train_async")
 
     # Rollout 1 is generated while rollout 0 trains, so with the weights the run started with
     # (version 1); rollout 2 only after the push that followed rollout 0's update (version 2).
@@ -68,18 +56,18 @@ def test_train_async_overlaps_generation_and_records_weight_versions(tiny_run_fl
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_debug_rollout_only_generates_and_logs_without_a_trainer(tiny_run_flags, tmp_path):
+def test_debug_rollout_only_generates_and_logs_without_a_trainer(ray_cluster, tiny_run_flags, tmp_path):
     tb = tmp_path / "tb"
     # No --lr: a trainer could not be built without it.
     flags = tiny_run_flags(
         "--debug-rollout-only", "--tb-dir", str(tb), **(ONE_PER_SIDE | {"lr": None}), num_rollout=1
     )
-    result = run_script("train.py", flags)
+    result = train_in_process(flags)
     scalars = read_events(tb)
     assert [step for step, _ in scalars["rollout/raw_reward"]] == [0]
     assert scalars["rollout/num_samples"] == [(0, float(ROLLOUT_BATCH_SIZE * N_SAMPLES))]
     assert not [tag for tag in scalars if tag.startswith("train/") or tag == "perf/update_weights_time"]
-    assert "TrainerActor" not in result.stderr
+    assert "TrainerActor" not in result.started and result.started["RolloutManager"] == 1
 
 
 @pytest.mark.e2e
@@ -100,10 +88,10 @@ def test_rollouts_ahead_bounds_generation_and_pauses_between_rollouts():
     started: list[int] = []
     release = {r: threading.Event() for r in range(5)}
 
-    def generate(rollout_id: int) -> dict:
+    def generate(rollout_id: int) -> RolloutBatch:
         started.append(rollout_id)
         release[rollout_id].wait(10)
-        return {"rollout": rollout_id, "metrics": {}}
+        return RolloutBatch(data={"rollout": [rollout_id]}, metrics={})
 
     def wait_until(condition, timeout: float = 5.0) -> None:
         deadline = time.monotonic() + timeout
@@ -118,7 +106,7 @@ def test_rollouts_ahead_bounds_generation_and_pauses_between_rollouts():
         release[1].set()
         time.sleep(0.2)
         assert started == [0, 1]  # two rollouts wait for the trainer: no third starts
-        assert ahead.next(0)["rollout"] == 0
+        assert ahead.next(0).data["rollout"] == [0]
         wait_until(lambda: started == [0, 1, 2])
         pushed = threading.Event()
 
@@ -133,18 +121,18 @@ def test_rollouts_ahead_bounds_generation_and_pauses_between_rollouts():
         release[2].set()
         pusher.join(5)
         assert pushed.is_set()
-        assert ahead.next(1)["rollout"] == 1 and ahead.next(2)["rollout"] == 2
+        assert ahead.next(1).data["rollout"] == [1] and ahead.next(2).data["rollout"] == [2]
         wait_until(lambda: started == [0, 1, 2, 3])
         release[3].set()
-        data = ahead.next(3)
-        assert data["rollout"] == 3 and data["metrics"]["perf/rollout_wait_time"] >= 0
+        batch = ahead.next(3)
+        assert batch.data["rollout"] == [3] and batch.metrics["perf/rollout_wait_time"] >= 0
 
 
 def test_rollouts_ahead_raises_the_generation_error_in_the_trainer_thread():
-    def generate(rollout_id: int) -> dict:
+    def generate(rollout_id: int) -> RolloutBatch:
         if rollout_id == 1:
             raise RuntimeError("engine died")
-        return {"metrics": {}}
+        return RolloutBatch(data={}, metrics={})
 
     with RolloutsAhead(generate, range(3), ahead=1) as ahead:
         ahead.next(0)

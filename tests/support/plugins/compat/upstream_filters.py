@@ -1,19 +1,15 @@
 """A dynamic-sampling filter and a buffer filter as upstream slime's users write them."""
 
-import json
-import os
-
 from slime.rollout.filter_hub.base_types import DynamicFilterOutput
 from slime.rollout.filter_hub.dynamic_sampling_filters import check_reward_nonzero_std
 from slime.utils.types import Sample
+from tests.support.plugins.compat import log_call
 
 
 def nonzero_std_logged(args, samples: list[Sample], **kwargs) -> DynamicFilterOutput:
-    """upstream's ``check_reward_nonzero_std``, each verdict logged to ``$COMPAT_LOG``."""
+    """upstream's ``check_reward_nonzero_std``, each verdict logged (``log_call``)."""
     output = check_reward_nonzero_std(args, samples, **kwargs)
-    if log := os.environ.get("COMPAT_LOG"):
-        with open(log, "a") as f:
-            f.write(json.dumps({"plugin": "filter", "keep": bool(output.keep)}) + "\n")
+    log_call(args, {"plugin": "filter", "keep": bool(output.keep)})
     return output
 
 

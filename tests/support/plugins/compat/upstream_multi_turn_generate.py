@@ -1,15 +1,13 @@
 """A multi-turn generate written as THUDM/slime's examples write them (search-r1, retool): it talks to
 the router with ``post``, tokenizes with ``GenerateState``'s tokenizer and fills ``tokens``,
 ``response_length``, ``loss_mask`` and ``rollout_log_probs`` itself. The "tool" answers every model
-turn with a fixed observation, masked out of the loss. Each call is logged to ``$COMPAT_LOG``."""
-
-import json
-import os
+turn with a fixed observation, masked out of the loss. Each call is logged (``log_call``)."""
 
 from slime.rollout.rm_hub import async_rm
 from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.http_utils import post
 from slime.utils.types import Sample
+from tests.support.plugins.compat import log_call
 
 MAX_TURNS = 2
 OBSERVATION = "!"
@@ -51,17 +49,13 @@ async def generate(args, sample: Sample, sampling_params) -> Sample:
     sample.rollout_log_probs = log_probs
     sample.status = Sample.Status.TRUNCATED if finish == "length" else Sample.Status.COMPLETED
     sample.reward = await async_rm(args, sample)  # upstream examples score inside generate too
-    if log := os.environ.get("COMPAT_LOG"):
-        with open(log, "a") as f:
-            f.write(
-                json.dumps(
-                    {
-                        "plugin": "generate",
-                        "status": sample.status.value,
-                        "loss_mask": loss_mask,
-                        "semaphore": state.semaphore._value >= 1,
-                    }
-                )
-                + "\n"
-            )
+    log_call(
+        args,
+        {
+            "plugin": "generate",
+            "status": sample.status.value,
+            "loss_mask": loss_mask,
+            "semaphore": state.semaphore._value >= 1,
+        },
+    )
     return sample

@@ -4,14 +4,13 @@ data_source, evaluation=False)`` returning ``RolloutFnTrainOutput``, built from 
 the data buffer (``add_samples``), which serves it first next time (``get_samples``)."""
 
 import asyncio
-import json
-import os
 
 from slime.rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
 from slime.rollout.rm_hub import batched_async_rm
 from slime.rollout.sglang_rollout import GenerateState, generate
 from slime.utils.async_utils import run
 from slime.utils.types import Sample
+from tests.support.plugins.compat import log_call
 
 
 async def _generate_group(args, group: list[Sample]) -> list[Sample]:
@@ -35,19 +34,15 @@ def generate_rollout(args, rollout_id, data_source, evaluation=False):
     spare = groups.pop()
     groups = run(_generate_all(args, groups))
     data_source.add_samples([spare])
-    if log := os.environ.get("COMPAT_LOG"):
-        with open(log, "a") as f:
-            f.write(
-                json.dumps(
-                    {
-                        "plugin": "rollout",
-                        "rollout_id": rollout_id,
-                        "first_group": groups[0][0].group_index,
-                        "spare": spare[0].group_index,
-                        "buffered": data_source.get_buffer_length(),
-                        "statuses": sorted({s.status.value for g in groups for s in g}),
-                    }
-                )
-                + "\n"
-            )
+    log_call(
+        args,
+        {
+            "plugin": "rollout",
+            "rollout_id": rollout_id,
+            "first_group": groups[0][0].group_index,
+            "spare": spare[0].group_index,
+            "buffered": data_source.get_buffer_length(),
+            "statuses": sorted({s.status.value for g in groups for s in g}),
+        },
+    )
     return RolloutFnTrainOutput(samples=groups, metrics={"rollout/compat_groups": len(groups)})

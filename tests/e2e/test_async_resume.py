@@ -20,10 +20,10 @@ import pytest
 
 from slime.ray.rollouts_ahead import RolloutsAhead
 from slime.rollout.data_source import KeptPositions
-from slime.rollout.train_data import METRICS_KEY
+from slime.rollout.train_data import RolloutBatch
 from tests.support.paths import REPO
 from tests.support.rollouts import prompts_of, source
-from tests.support.train_runs import ONE_PER_SIDE, crash_env, processes_tagged
+from tests.support.train_runs import ONE_PER_SIDE, assert_none_left, crash_env
 
 
 def wait_until(condition, timeout_s: float = 10.0) -> None:
@@ -42,12 +42,12 @@ def test_kept_positions_cover_every_rollout_an_async_run_can_stop_after(tmp_path
     positions = KeptPositions(data, tmp_path / "kept", buffer_size + 1)
     drawn: dict[int, list[str]] = {}
 
-    def generate(rollout_id: int) -> dict:
+    def generate(rollout_id: int) -> RolloutBatch:
         if rollout_id > 0:
             positions.keep(rollout_id - 1)
         drawn[rollout_id] = prompts_of(data.get_samples(2))
         positions.generated = rollout_id
-        return {METRICS_KEY: {}}
+        return RolloutBatch(data={}, metrics={})
 
     def resumed_after(rollout_id: int) -> list[str]:
         checkpoint = tmp_path / f"ckpt_{rollout_id}_{len(drawn)}"
@@ -75,8 +75,7 @@ def run_async(flags: list[str], exit_code: int, env: dict[str, str]) -> subproce
     env = {**os.environ, **env, "SLIME_TEST_RUN": tag}
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == exit_code, result.stderr[-3000:]
-    time.sleep(1)  # processes that were killed a moment ago may still be exiting
-    assert not processes_tagged(tag), processes_tagged(tag)
+    assert_none_left(tag)
     return result
 
 

@@ -163,9 +163,10 @@ def test_grpo_on_deepseek_v3_at_ep2_is_on_policy_and_every_engine_gets_every_ten
     args = parse_args(flags)
     with TrainingSession(RunSettings.from_args(args)) as session, RolloutLoop(session) as loop:
         for rollout_id in loop.rollout_ids():
-            data = loop.generate(rollout_id)
-            assert {v for versions in data["weight_versions"] for v in versions} == {str(rollout_id + 1)}
-            metrics = loop.train(data)
+            batch = loop.generate(rollout_id)
+            versions = batch.data["weight_versions"]
+            assert {v for per_sample in versions for v in per_sample} == {str(rollout_id + 1)}
+            metrics = loop.train(batch)
             if rollout_id == 0:
                 print({key: value for key, value in metrics.items() if key.startswith("train/")})
                 assert metrics["train/ppo_kl"] == pytest.approx(0.0, abs=1e-6)

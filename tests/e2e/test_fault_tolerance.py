@@ -360,7 +360,7 @@ def test_a_hung_engine_and_an_erroring_one_are_replaced_and_serve_again_after_a_
             assert ray.get(manager.rejoin_router.remote(up)) == [rank]
             assert routed() == sorted(up)
         generated = ray.get(manager.generate.remote(0))
-        assert generated["metrics"]["rollout/num_samples"] == 8
+        assert generated.metrics["rollout/num_samples"] == 8
         assert ray.get(manager.engine_urls.remote()) == up
 
 

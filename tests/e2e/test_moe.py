@@ -2,7 +2,8 @@
 
 One tiny MoE (4 experts, top-2, every layer sparse) trained for one SFT step on a two-rank world, once
 with the experts replicated (EP=1, DP=2) and once split over the ranks (EP=2: two experts each), on
-the same data: the loss, grad norm, log-probs and HF tensors (loaded and trained) must agree.
+the same data: the loss, grad norm, log-probs and HF tensors (loaded and trained) must agree, and the
+EP=2 trainer's push must reach every tensor of a torch engine.
 """
 
 from __future__ import annotations
@@ -156,6 +157,44 @@ def test_moe_converts_bit_exact_and_matches_transformers(ep1, moe_model):
     diff = hf_logprob_diff(moe_model, logprob_data(), ep1["log_probs"])
     print(f"max |log-prob(Megatron MoE) - log-prob(transformers)| = {diff:.3g}")
     assert diff <= 1e-4
+
+
+EP2 = ["--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall"]
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_expert_parallel_2_equals_expert_parallel_1_and_its_push_reaches_every_engine_tensor(
+    ep1, moe_model, tmp_path
+):
+    """EP=2 (two experts per rank, alltoall dispatch) trains as EP=1 on the same data. Its push gathers
+    every expert over both ranks and sends it by its per-expert HF name: the engine then holds the
+    trained weights in every parameter it has."""
+    from ray.util.placement_group import remove_placement_group
+
+    from slime.config.settings.weight_sync import WeightSyncSettings
+    from slime.engine_client.weight_updates import weight_update_session
+    from tests.support.engines import _start_engine, engine_weights_equal
+    from tests.support.trainers import assert_layout_matches, make_group, record_layout
+
+    args = moe_args(moe_model, world=2, extra=EP2)
+    server = _start_engine(moe_model, tmp_path / "engine.log")
+    group, _, pg = make_group(args)
+    try:
+        ep2 = record_layout(group)
+        group.connect_engines([server.url])
+        with weight_update_session([server.url], WeightSyncSettings.from_args(args).timeout_s):
+            group.update_weights("ep2-1")
+        parity = assert_layout_matches(ep2, ep1)  # every expert gathered over both ranks; loss, grad norm
+        print(f"Qwen3-MoE EP=2 vs EP=1: {parity}")
+        trained = ep2["trained"]
+        assert any(".mlp.experts.3.down_proj." in name for name in trained)
+        assert set(trained) == set(load_file(moe_model / "model.safetensors"))  # all the engine loaded
+        engine_weights_equal(server.url, trained)
+    finally:
+        group.shutdown()
+        remove_placement_group(pg)
+        server.stop()
 
 
 @pytest.mark.e2e

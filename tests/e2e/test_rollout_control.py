@@ -114,8 +114,7 @@ def test_multi_turn_example_masks_every_tool_reply_over_two_rollouts(rollout, ti
     tokenizer = cached_tokenizer(str(tiny_models["qwen2"]))
     indices, tool_tokens = [], 0
     for rollout_id in range(2):
-        data = ray.get(manager.generate.remote(rollout_id))
-        data.pop("metrics")
+        data = ray.get(manager.generate.remote(rollout_id)).data
         indices += data["sample_indices"]
         keys = ("tokens", "response_lengths", "loss_masks", "rollout_log_probs")
         for tokens, n, mask, log_probs in zip(*(data[key] for key in keys), strict=True):

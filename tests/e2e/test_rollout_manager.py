@@ -151,8 +151,8 @@ def test_engine_removed_from_router_gets_no_requests(rollout):
 
 def test_generate_returns_scored_train_data_with_engine_logprobs(rollout):
     manager, _, _ = rollout
-    data = ray.get(manager.generate.remote(0))
-    metrics = data.pop("metrics")
+    batch = ray.get(manager.generate.remote(0))
+    data, metrics = batch.data, batch.metrics
     n = ROLLOUT_BATCH_SIZE * N_SAMPLES
     assert {key: len(values) for key, values in data.items()} == dict.fromkeys(data, n)
     for tokens, length, mask, log_probs in zip(

@@ -145,21 +145,21 @@ def run_with_a_kill(flags: list[str], at_rollout: int, marker: Path, exit_code: 
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_a_killed_trainer_rank_is_resumed_from_the_last_checkpoint(tiny_run_flags, tmp_path):
-    """``--auto-resume 1``: the rank killed while training rollout 2 costs that rollout only; the resumed
+    """``--auto-resume 1``: the rank killed while training rollout 1 costs that rollout only; the resumed
     session regenerates it exactly (the rollout the rank was given) and finishes the run. The failure
     is one line naming the rank (without ``--auto-resume`` it is the run's last line, exit 1: the CLI's
     one-line path). The run starts Ray under a stale ``ray_current_cluster`` (as after a ``ray start``
     whose cluster died), which it ignores."""
-    ckpt, tb, marker = tmp_path / "ckpt", tmp_path / "tb", tmp_path / "killed_at_2.pt"
+    ckpt, tb, marker = tmp_path / "ckpt", tmp_path / "tb", tmp_path / "killed_at_1.pt"
     flags = tiny_run_flags(
         "--save", str(ckpt), "--save-interval", "1", "--auto-resume", "1", "--tb-dir", str(tb),
-        "--save-debug-rollout-data", str(tmp_path / "rollout_{rollout_id}.pt"), **ONE_PER_SIDE, num_rollout=3,
+        "--save-debug-rollout-data", str(tmp_path / "rollout_{rollout_id}.pt"), **ONE_PER_SIDE, num_rollout=2,
         rollout_seed_per_sample=True,  # regenerated exactly: every sample seeded
     )  # fmt: skip
     ray_tmp = Path(tempfile.mkdtemp(prefix="slime-ray-", dir="/tmp"))  # short: Ray's socket paths
     try:
         write_stale_cluster_file(ray_tmp)
-        result = run_with_a_kill(flags, 2, marker, exit_code=0, RAY_TMPDIR=str(ray_tmp))
+        result = run_with_a_kill(flags, 1, marker, exit_code=0, RAY_TMPDIR=str(ray_tmp))
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
     resumes = [line for line in result.stderr.splitlines() if "--auto-resume: 1 of 1" in line]
@@ -167,10 +167,10 @@ def test_a_killed_trainer_rank_is_resumed_from_the_last_checkpoint(tiny_run_flag
     assert "died in TrainerActor.train: " in resumes[0]
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     assert f"; resuming from the last checkpoint in {ckpt} (" in resumes[0]
-    assert f"resumed from {ckpt} at rollout 2" in result.stderr
-    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "2"
-    assert [step for step, _ in read_events(tb)["train/loss"]] == [0, 1, 2]
+    assert f"resumed from {ckpt} at rollout 1" in result.stderr
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "1"
+    assert [step for step, _ in read_events(tb)["train/loss"]] == [0, 1]
     before = torch.load(marker, weights_only=False)  # what the killed session was training on
-    after = torch.load(tmp_path / "rollout_2.pt", weights_only=False)
+    after = torch.load(tmp_path / "rollout_1.pt", weights_only=False)
     for key in ("tokens", "response_lengths", "rewards", "loss_masks", "weight_versions"):
         assert before[key] == after[key], key

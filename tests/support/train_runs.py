@@ -39,6 +39,15 @@ def processes_tagged(tag: str) -> list[str]:
     return found
 
 
+def assert_none_left(tag: str, timeout_s: float = 10.0) -> None:
+    """No live process inherited ``SLIME_TEST_RUN=tag`` within ``timeout_s``: processes killed a moment
+    ago may still be exiting, so they are given that long (polled) rather than a fixed pause."""
+    deadline = time.monotonic() + timeout_s
+    while (left := processes_tagged(tag)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, left
+
+
 def read_events(tb_dir: Path) -> dict[str, list[tuple[int, float]]]:
     events = EventAccumulator(str(tb_dir), size_guidance={"scalars": 0})
     events.Reload()
@@ -55,8 +64,7 @@ def run_train(
     command = [sys.executable, "train.py", *flags]
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == exit_code, result.stderr[-3000:]
-    time.sleep(1)  # processes that were killed a moment ago may still be exiting
-    assert not processes_tagged(tag), processes_tagged(tag)
+    assert_none_left(tag)
     return result
 
 

@@ -8,7 +8,8 @@ environment (how a ``train.py`` subprocess reaches its engines), or at run time 
 at once, except ``crash``, which fires at the next one):
 
 - ``crash``: the process kills itself with SIGKILL, as ``kill -9`` would;
-- ``hang``: every request from then on waits forever; the process stays alive;
+- ``hang``: every request from then on waits until the engine shuts down (then answers 503: a SIGTERM
+  stops it at once rather than after the server's shutdown timeout); the process stays alive;
 - ``error``: every request from then on, ``/health_generate`` included, is answered 500.
 
 With ``SLIME_TORCH_ENGINE_FAULT_ONCE=<path>`` an environment fault fires only in the one engine that
@@ -82,6 +83,7 @@ def _claim(path: str) -> bool:
 
 
 FAULT = web.AppKey("fault", list)  # [Fault | None]: replaced by /slime/inject_fault
+STOPPING = web.AppKey("stopping", asyncio.Event)  # set at shutdown: hung requests end then
 INJECT_PATH = "/slime/inject_fault"
 
 
@@ -91,7 +93,8 @@ async def fault_middleware(request: web.Request, handler) -> web.StreamResponse:
     if fault is not None and request.path != INJECT_PATH:
         fault.count(request.path)
         if fault.fired and fault.mode == "hang":
-            await asyncio.Event().wait()  # never set: the request never gets an answer
+            await request.app[STOPPING].wait()  # no answer while the engine runs
+            return web.json_response({"error": {"message": "injected fault: shut down"}}, status=503)
         if fault.fired and fault.mode == "error":
             return web.json_response({"error": {"message": "injected fault"}}, status=500)
     return await handler(request)
@@ -112,5 +115,11 @@ async def inject_fault(request: web.Request) -> web.Response:
 def install(app: web.Application) -> None:
     """Adds the middleware, the endpoint and the fault the environment arms (if any)."""
     app[FAULT] = [Fault.from_env()]
+    app[STOPPING] = asyncio.Event()
+
+    async def release_hung_requests(app: web.Application) -> None:
+        app[STOPPING].set()
+
+    app.on_shutdown.append(release_hung_requests)
     app.middlewares.append(fault_middleware)
     app.router.add_post(INJECT_PATH, inject_fault)

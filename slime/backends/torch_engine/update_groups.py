@@ -4,8 +4,8 @@ the receiving side of ``/update_weights_from_distributed`` and ``/destroy_weight
 Joining a group and receiving its broadcasts block, so they run on this object's one-thread executor
 and decoding continues meanwhile; only the copy into the parameters pauses generation (the engine
 does it on its scheduler thread). A group destroyed while a receive still waits on it (its sender
-gave up) makes that receive give up, and is then dropped rather than shut down, which would wait for
-the broadcast's timeout.
+gave up) makes that receive give up; such a group, and one whose receive failed (timed out), is then
+dropped rather than shut down, which would wait for the broadcast's timeout.
 """
 
 from __future__ import annotations
@@ -69,17 +69,23 @@ class WeightUpdateGroups:
             raise RuntimeError(f"group {name!r} does not exist; call /init_weights_update_group first")
         group = self._groups[name]
         nccl = isinstance(group, getattr(torch.distributed, "ProcessGroupNCCL", ()))
-        return weights.receive_tensors(
-            group,
-            list(body["names"]),
-            list(body["dtypes"]),
-            [list(s) for s in body["shapes"]],
-            self.device if nccl else torch.device("cpu"),
-            flattened=body.get("load_format") == "flattened_bucket",
-            timeout_s=DIST_TIMEOUT_S,
-            staging=self._buffers.setdefault(name, ipc.StagingBuffer(shared=False)),
-            stop=lambda: self._cancellation(name),
-        )
+        try:
+            return weights.receive_tensors(
+                group,
+                list(body["names"]),
+                list(body["dtypes"]),
+                [list(s) for s in body["shapes"]],
+                self.device if nccl else torch.device("cpu"),
+                flattened=body.get("load_format") == "flattened_bucket",
+                timeout_s=DIST_TIMEOUT_S,
+                staging=self._buffers.setdefault(name, ipc.StagingBuffer(shared=False)),
+                stop=lambda: self._cancellation(name),
+            )
+        except BaseException:
+            # A receive that timed out leaves its broadcast pending like a cancelled one: shutting the
+            # group down would block until the transport's own timeout (a minute past DIST_TIMEOUT_S).
+            self._given_up.add(name)
+            raise
 
     def _cancellation(self, name: str) -> BaseException | None:
         cancelled = self._cancelled.get(name)

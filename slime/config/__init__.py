@@ -8,7 +8,7 @@ from slime.config.errors import ConfigError
 from slime.config.parser import build_parser, configure, parse_args
 from slime.config.sglang_args import collect_sglang_args
 from slime.config.slime_args import PLUGIN_FLAGS
-from slime.config.validate import split_data_path, uses_engines
+from slime.config.validate import split_data_path
 
 __all__ = [
     "PLUGIN_FLAGS",
@@ -18,5 +18,4 @@ __all__ = [
     "configure",
     "parse_args",
     "split_data_path",
-    "uses_engines",
 ]

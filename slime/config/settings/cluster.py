@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from slime.config.validate import uses_engines
+
 # Under --colocate a trainer rank and an engine hold the same bundle's GPU, so each asks for a share
 # of it (Ray still gives both that GPU's CUDA_VISIBLE_DEVICES); the shares leave room for small probes.
 COLOCATED_GPU_SHARE = {"trainer": 0.4, "engine": 0.2}
@@ -72,7 +74,7 @@ class ClusterSettings:
             has_critic=_has_critic(args),
             debug_rollout_only=bool(args.debug_rollout_only),
             debug_train_only=bool(args.debug_train_only),
-            uses_engines=not args.debug_train_only and args.loss_type != "sft_loss",
+            uses_engines=uses_engines(args),
             ray_address=args.ray_address,
             external_engine_addrs=tuple(args.rollout_external_engine_addrs or ()),
             engine_api_key=(args.sglang_server_args or {}).get("api_key") or None,

@@ -85,7 +85,7 @@ class TrainingSession:
             settings.loop.num_rollout is None
         ):  # --num-epoch: the trainers' LR schedule needs the count up front
             epochs = settings.data.num_epoch
-            assert epochs is not None  # validate_args: --num-rollout or --num-epoch
+            assert epochs is not None  # the config checks: --num-rollout or --num-epoch
             num_rollout = rollouts_for_epochs(sized, epochs, settings.data.rollout_batch_size)
             logger.info("--num-epoch %d: %d rollouts", epochs, num_rollout)
             self.settings = settings = settings.with_num_rollout(num_rollout)

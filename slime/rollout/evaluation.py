@@ -92,7 +92,7 @@ def load_eval_datasets(settings: EvalSettings) -> list[EvalSet]:
     and chat template (the tokenizer is loaded once, if any set renders with it)."""
     tokenizer = None
     if any(s.apply_chat_template for s in settings.sets):
-        assert settings.tokenizer_path is not None  # --hf-checkpoint, which validate_args requires
+        assert settings.tokenizer_path is not None  # --hf-checkpoint, which the config checks require
         tokenizer = load_tokenizer(settings.tokenizer_path)
     sets = []
     for s in settings.sets:

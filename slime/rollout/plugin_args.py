@@ -62,7 +62,7 @@ def tokenizer_path(args: argparse.Namespace) -> str:
     """``--hf-checkpoint``: prompts and responses are tokenized with its tokenizer."""
     bound = _bound(args, DataSettings)
     path: str | None = bound.tokenizer_path if bound is not None else args.hf_checkpoint
-    assert path is not None  # validate_args requires --hf-checkpoint
+    assert path is not None  # the config checks require --hf-checkpoint
     return path
 
 

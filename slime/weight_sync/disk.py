@@ -23,7 +23,7 @@ SNAPSHOT_PREFIX = "weights_v"
 class DiskWeightUpdater:
     def __init__(self, settings: WeightSyncSettings, trainer) -> None:
         self.trainer = trainer
-        assert settings.disk_dir is not None  # validate_args requires it with the disk transport
+        assert settings.disk_dir is not None  # the config checks require it with the disk transport
         self.root = Path(settings.disk_dir)
         self.timeout = settings.timeout_s
         self.bucket_bytes = settings.bucket_bytes

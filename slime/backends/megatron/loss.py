@@ -261,7 +261,7 @@ def build_loss_fn(settings: TrainerSettings, plugin_args: argparse.Namespace) ->
     loss_type = settings.loss.loss_type
     if loss_type == "custom_loss":
         path = settings.loss.custom_loss_function_path
-        assert path is not None  # validate_args requires it with --loss-type custom_loss
+        assert path is not None  # the config checks require it with --loss-type custom_loss
         return make_custom_loss_fn(path, plugin_args)
     if loss_type == "value_loss":  # the critic's settings only (``critic_settings``)
         return make_value_loss_fn(settings.loss.value_clip)

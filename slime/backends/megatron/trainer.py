@@ -188,7 +188,7 @@ class MegatronTrainer:
         num_samples, pipeline = len(data["tokens"]), mpu.get_pipeline_model_parallel_world_size()
         if batching.use_dynamic_batch_size:
             budget = batching.max_tokens_per_gpu
-            assert budget is not None  # validate_args: --use-dynamic-batch-size needs --max-tokens-per-gpu
+            assert budget is not None  # checked: --use-dynamic-batch-size needs --max-tokens-per-gpu
             lengths = [len(tokens) for tokens in data["tokens"]]
             most = torch.tensor(min_bin_count(lengths, budget), device=self.device)
             dist.all_reduce(most, op=dist.ReduceOp.MAX, group=mpu.get_data_parallel_group())

@@ -61,5 +61,5 @@ async def remote_reward(args: argparse.Namespace, sample: Sample) -> float:
         "metadata": sample.metadata,
     }
     url = settings_of(args, RewardSettings).rm_url
-    assert url is not None  # validate_args requires --rm-url with the remote reward
+    assert url is not None  # the config checks require --rm-url with the remote reward
     return await post_reward(url, payload)

@@ -26,7 +26,6 @@ import pytest
 from aiohttp import web
 from multidict import CIMultiDict
 
-from slime.config.settings.fault_tolerance import FaultToleranceSettings
 from slime.config.settings.rollout import (
     BatchSettings,
     EngineSettings,
@@ -41,6 +40,7 @@ from slime.rollout.rewards.scoring import RewardChoice
 from slime.rollout.router import Router
 from slime.rollout.sglang_rollout import RolloutClient
 from slime.utils.http import HttpError, free_port
+from tests.support.configs import fault_tolerance_settings
 
 ENGINES = 4
 RIDS = 100
@@ -198,15 +198,7 @@ def rollout_client(router_url: str) -> RolloutClient:
         router=RouterSettings(),
         rollout_function_path="slime.rollout.sglang_rollout.generate_rollout",
     )
-    fault_tolerance = FaultToleranceSettings(
-        enabled=False,
-        health_check_interval_s=10.0,
-        health_check_timeout_s=30.0,
-        health_check_first_wait_s=300.0,
-        request_retries=5,
-        auto_resume=0,
-        trainer_call_timeout_s=0.0,
-    )
+    fault_tolerance = fault_tolerance_settings(trainer_call_timeout_s=0.0)
     args = argparse.Namespace()
     return RolloutClient(args, router_url, settings, fault_tolerance, reward=RewardChoice(rm_type="exact"))
 

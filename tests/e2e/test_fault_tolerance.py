@@ -426,16 +426,14 @@ class _Router:
 
 
 def _recovery(pool: _Pool):
-    from slime.config.settings.fault_tolerance import FaultToleranceSettings
     from slime.ray.engine_recovery import EngineRecovery
+    from tests.support.configs import fault_tolerance_settings
 
-    fault_tolerance = FaultToleranceSettings(
+    fault_tolerance = fault_tolerance_settings(
         enabled=True,
         health_check_interval_s=60.0,
         health_check_timeout_s=1.0,
         health_check_first_wait_s=0.0,
-        request_retries=5,
-        auto_resume=0,
         trainer_call_timeout_s=0.0,
     )
     recovery = EngineRecovery(fault_tolerance, pool, _Router())

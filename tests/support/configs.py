@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
-from slime.config import parse_args
+from slime.config import build_parser, parse_args
 from slime.config.settings.cluster import ClusterSettings
+from slime.config.settings.fault_tolerance import FaultToleranceSettings
 
 TINY_QWEN2 = {
     "model_type": "qwen2",
@@ -64,3 +66,9 @@ def cluster_settings(**overrides: object) -> ClusterSettings:
         "engine_api_key": None,
     }  # fmt: skip
     return ClusterSettings(**{**values, **overrides})  # type: ignore[arg-type]
+
+
+def fault_tolerance_settings(**changes: object) -> FaultToleranceSettings:
+    """The flags' defaults as fault-tolerance settings, with ``changes``."""
+    defaults = FaultToleranceSettings.from_args(build_parser().parse_args([]))
+    return dataclasses.replace(defaults, **changes)  # type: ignore[arg-type]

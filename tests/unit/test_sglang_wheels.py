@@ -411,3 +411,34 @@ def test_the_expert_score_bias_is_a_gate_parameter_a_push_can_name(
     body = body[: body.index("\nclass ")]
     assert "self.e_score_correction_bias = nn.Parameter(" in body
     assert f"self.gate = {gate}(" in text
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_pause_and_continue_answer_status_ok_without_a_success_field(release: str) -> None:
+    """What ``slime.engine_client.calls`` relies on when it reads ``success: false`` as a refusal
+    (``entrypoints/http_server.py``): ``/pause_generation`` and ``/continue_generation`` answer 200 with
+    ``{"message": ..., "status": "ok"}`` and no ``success`` key, so the check never refuses them."""
+    text = (source(release) / "entrypoints" / "http_server.py").read_text()
+    for handler in ("async def pause_generation(", "async def continue_generation("):
+        body = text[text.index(handler) :]
+        body = body[: body.index("\n@app.")]
+        assert '"status": "ok"' in body and "status_code=200" in body, handler
+        assert '"success"' not in body, handler
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_destroying_a_weight_update_group_pops_it_and_destroys_its_process_group(release: str) -> None:
+    """What the torch engine's ``/destroy_weights_update_group`` mirrors
+    (``model_executor/model_runner_components/weight_updater.py``): the named group is popped and
+    ``torch.distributed.destroy_process_group`` called on it; an unknown name is refused with "does
+    not exist". The torch engine drops a group whose receive failed without waiting on it, and keeps
+    that reply."""
+    text = (source(release) / "model_executor" / "model_runner_components" / "weight_updater.py").read_text()
+    body = text[text.index("def destroy_weights_update_group(") :]
+    body = body[: body.index("\n    def ", 1)]
+    assert "self._model_update_group.pop(group_name)" in body
+    assert "torch.distributed.destroy_process_group(pg)" in body
+    assert "Succeeded to destroy custom process group." in body and "does not exist" in body
+    ours = (REPO / "slime" / "backends" / "torch_engine" / "update_groups.py").read_text()
+    assert '"Succeeded to destroy custom process group."' in ours
+    assert '"The group to be destroyed does not exist."' in ours

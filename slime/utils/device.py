@@ -17,14 +17,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import logging
 import os
 import sys
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
+
+logger = logging.getLogger(__name__)
 
 _CUDA_TYPE_NAMES = {
     "torch.FloatTensor": "torch.cuda.FloatTensor",
@@ -231,10 +235,44 @@ def distributed_backend() -> str:
     return "nccl" if has_gpu() else "gloo"
 
 
+# Fusions megatron-core takes from an extension it does not ship: the field, then every module of
+# which one must import (Transformer Engine, or apex's CUDA extensions).
+_FUSION_KERNELS: dict[str, tuple[str, ...]] = {
+    "apply_rope_fusion": ("transformer_engine",),
+    "moe_permute_fusion": ("transformer_engine",),
+    "gradient_accumulation_fusion": ("fused_weight_gradient_mlp_cuda",),
+    "masked_softmax_fusion": ("transformer_engine", "scaled_masked_softmax_cuda"),
+    "persist_layer_norm": ("transformer_engine", "apex"),
+}
+
+
+def missing_fusion_kernels(available: Callable[[str], bool]) -> list[str]:
+    """The fusion fields whose kernels none of their modules provides on this node.
+
+    megatron-core fails on them only deep inside model building or the first step ("apply_rope_fusion
+    is not available", "fused_weight_gradient_mlp_cuda module is not found"), while each has an
+    unfused path that computes the same thing; a GPU node without TE or apex takes that path.
+    """
+    return [field for field, modules in _FUSION_KERNELS.items() if not any(map(available, modules))]
+
+
+def _importable(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
 def kernel_overrides() -> dict[str, bool]:
-    """TransformerConfig fields that need CUDA: fused kernels (apex / TE / jit), stream-ordered frees."""
+    """TransformerConfig fields that need CUDA: fused kernels (apex / TE / jit), stream-ordered frees.
+
+    On a GPU only the fusions whose extension is not installed are turned off (with one warning)."""
     if has_gpu():
-        return {}
+        missing = missing_fusion_kernels(_importable)
+        if missing:
+            logger.warning(
+                "Transformer Engine / apex kernels not installed: %s off (unfused paths; install "
+                "transformer_engine for speed)",
+                ", ".join(missing),
+            )
+        return dict.fromkeys(missing, False)
     return {
         "masked_softmax_fusion": False,
         "apply_rope_fusion": False,

@@ -146,6 +146,7 @@ def check_engine_generate(url: str) -> dict[str, float]:
 def check_engine_ipc_update(url: str, model: Path) -> dict[str, float]:
     """The engine loads CUDA-IPC-shared buckets through /update_weights_from_tensor; values read back."""
     from slime.backends.torch_engine.weights import iter_safetensors
+    from slime.engine_client.weight_updates import weight_update_session
     from slime.utils.http import post_json_sync
     from slime.weight_sync import ipc
 
@@ -154,19 +155,20 @@ def check_engine_ipc_update(url: str, model: Path) -> dict[str, float]:
         n: torch.randn(t.shape, generator=gen).to(t.dtype).cuda() for n, t in iter_safetensors(str(model))
     }
     start = time.perf_counter()
-    for named in ipc.split_by_dtype(state.items()):
-        bucket = ipc.FlattenedBucket.from_named_tensors(named)
-        reply = post_json_sync(
-            f"{url}/update_weights_from_tensor",
-            {
-                "serialized_named_tensors": [ipc.serialize(bucket.payload())],
-                "load_format": "flattened_bucket",
-                "flush_cache": True,
-                "weight_version": "ipc",
-            },
-            timeout=120,
-        )
-        assert reply["success"], reply
+    with weight_update_session([url], 120):  # the engine, like SGLang 0.5.23, refuses updates outside one
+        for named in ipc.split_by_dtype(state.items()):
+            bucket = ipc.FlattenedBucket.from_named_tensors(named)
+            reply = post_json_sync(
+                f"{url}/update_weights_from_tensor",
+                {
+                    "serialized_named_tensors": [ipc.serialize(bucket.payload())],
+                    "load_format": "flattened_bucket",
+                    "flush_cache": True,
+                    "weight_version": "ipc",
+                },
+                timeout=120,
+            )
+            assert reply["success"], reply
     seconds = time.perf_counter() - start
     for name, tensor in state.items():
         got = torch.tensor(
@@ -252,6 +254,9 @@ def check_ipc_throughput(gigabytes: float) -> dict[str, float]:
 
 
 PEER_CHECK_TIMEOUT_S = 90.0  # spawning, CUDA start-up and the communicator of both ranks, with room
+# 64 MiB of fp32 per broadcast: over NCCL's staging buffer (NCCL_BUFFSIZE, 4 MiB by default), which a
+# sender fills without its peer, so a smaller broadcast ends on the sender alone (seen on an H200).
+BROADCAST_ELEMS = 1 << 24
 
 
 def _join_as(rank: int, port: int, device: str):
@@ -285,7 +290,7 @@ def _sender(port: int, device: str, conn) -> None:
 def _broadcast_to_a_peer_that_stops_joining(group, device: str) -> dict[str, float | bool | str]:
     from slime.weight_sync.process_group import start_broadcast_from_rank0, wait_for_work
 
-    tensor = torch.zeros(1 << 20, device=device)
+    tensor = torch.zeros(BROADCAST_ELEMS, device=device)
     peer = "rank 1 (the idle peer)"
     start = time.perf_counter()
     wait_for_work(
@@ -326,7 +331,7 @@ def _idle_peer(port: int, device: str, conn) -> None:
 
     try:
         group = _join_as(1, port, device)
-        tensor = torch.ones(1 << 20, device=device)
+        tensor = torch.ones(BROADCAST_ELEMS, device=device)
         broadcast_from_rank0(group, tensor, 60)
         conn.send(("ok", {"received": bool((tensor == 0).all())}))
         conn.recv()

@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+from slime.utils.device import missing_fusion_kernels
+
 PROBE = """
 import torch
 from slime.utils.device import setup_device
@@ -67,3 +69,20 @@ def test_cpu_worker_threads_split_the_cores_and_engines_leave_one_to_the_http_pa
         assert threads(device.engine_env(per_node)) == engine
     monkeypatch.setenv("SLIME_WORKER_THREADS", "3")
     assert threads(device.engine_env(1)) == 3
+
+
+def test_a_gpu_node_without_te_or_apex_turns_off_only_the_fusions_it_lacks():
+    """Seen on an H200 without Transformer Engine: megatron-core refused apply_rope_fusion at config time."""
+    assert missing_fusion_kernels(lambda module: False) == [
+        "apply_rope_fusion",
+        "moe_permute_fusion",
+        "gradient_accumulation_fusion",
+        "masked_softmax_fusion",
+        "persist_layer_norm",
+    ]
+    assert missing_fusion_kernels(lambda module: module == "transformer_engine") == [
+        "gradient_accumulation_fusion"
+    ]
+    apex_only = {"apex", "fused_weight_gradient_mlp_cuda", "scaled_masked_softmax_cuda"}
+    assert missing_fusion_kernels(apex_only.__contains__) == ["apply_rope_fusion", "moe_permute_fusion"]
+    assert missing_fusion_kernels(lambda module: True) == []

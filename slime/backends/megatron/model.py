@@ -69,8 +69,11 @@ def _adapt(spec, model: ModelSettings, te: bool):
     return spec
 
 
-def build_model_chunks(settings: TrainerSettings, config: TransformerConfig) -> list[torch.nn.Module]:
-    """One GPTModel per virtual pipeline stage of this rank, unwrapped (weights are loaded next)."""
+def build_model_chunks(
+    settings: TrainerSettings, config: TransformerConfig, device: torch.device
+) -> list[torch.nn.Module]:
+    """One GPTModel per virtual pipeline stage of this rank on ``device``, unwrapped (weights are loaded
+    next). megatron-core puts its parallel layers there itself, but not the norms of the local spec."""
     num_vp = settings.virtual_stages
     config.virtual_pipeline_model_parallel_size = num_vp
     chunks = []
@@ -92,7 +95,7 @@ def build_model_chunks(settings: TrainerSettings, config: TransformerConfig) -> 
                 rope_scaling=settings.model.use_rope_scaling,
                 rope_scaling_factor=settings.model.rope_scaling_factor,
                 vp_stage=stage,
-            )
+            ).to(device)
         )
     return chunks
 

@@ -134,7 +134,7 @@ class MegatronTrainer:
 
         self.config = transformer_config(settings)
         self.converter = converter_for(settings)
-        chunks = build_model_chunks(settings, self.config)
+        chunks = build_model_chunks(settings, self.config, self.device)
         gated = settings.model.swiglu
         load_hf_weights(chunks, settings.checkpoint.hf_checkpoint, self.converter, gated=gated)
         self.is_critic = settings.is_critic

@@ -93,6 +93,7 @@ CLUSTER_ARGS=(
 
 MISC_ARGS=(
    --bf16
+   --transformer-impl transformer_engine
    --attention-dropout 0.0
    --hidden-dropout 0.0
    --accumulate-allreduce-grads-in-fp32

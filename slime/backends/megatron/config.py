@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from megatron.core.distributed import DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig
 from megatron.core.transformer import MLATransformerConfig, TransformerConfig
+from megatron.core.transformer.enums import AttnBackend
 
 from slime.config.settings.trainer import ModelSettings, TrainerSettings
 from slime.utils.device import kernel_overrides
@@ -83,6 +84,7 @@ def transformer_config(settings: TrainerSettings) -> TransformerConfig:
         # The interleaved schedule cannot exchange shapes: there micro-batches are padded to one shape.
         variable_seq_lengths=parallel.pipeline_model_parallel_size > 1 and not interleaved,
         moe_token_dispatcher_type=model.moe_token_dispatcher_type if model.num_experts else "alltoall",
+        attention_backend=AttnBackend[model.attention_backend],
         recompute_granularity=model.recompute_granularity,
         recompute_method=model.recompute_method,
         recompute_num_layers=model.recompute_num_layers,

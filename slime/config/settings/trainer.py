@@ -96,6 +96,8 @@ class ModelSettings:
     fp16: bool
     transformer_impl: str
     """``local`` (PyTorch modules) or ``transformer_engine``."""
+    attention_backend: str
+    """``--attention-backend``: which attention kernel Transformer Engine's layers pick (``auto``)."""
     recompute_granularity: str | None
     """``--recompute-granularity``; ``selective`` with ``--recompute-activations``."""
     recompute_method: str | None

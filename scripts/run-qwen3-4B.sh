@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GRPO on Qwen3-4B with DAPO-Math-17k, on one 8×H100 node: 4 GPUs train (TP 2 × DP 2), 4 GPUs
-# generate (two SGLang engines of 2 GPUs). Run inside the project's image (see the README, "Run on
-# H100 nodes"); on a multi-node Ray cluster pass --ray-address and scale the CLUSTER_ARGS.
+# generate (two SGLang engines of 2 GPUs). Run inside the project's image; every flag group is
+# explained in docs/get-started/single-node-gpu.md. On a multi-node Ray cluster pass --ray-address
+# and scale the CLUSTER_ARGS (docs/get-started/multi-node.md).
 #
 #   MODEL_DIR=/root/models DATA_DIR=/root/data CKPT_DIR=/root/ckpt bash scripts/run-qwen3-4B.sh
 #

@@ -1,7 +1,8 @@
 """Synthetic task for the CPU quickstart: sort 4-6 digits.
 
 A character-level tiny model can learn it from a short SFT warm start and then measurably improve
-with RL (the README gives the numbers measured on it), and the reward is exact and cheap to check.
+with RL (docs/get-started/cpu-quickstart.md gives the numbers measured on it), and the reward is
+exact and cheap to check.
 
 Writes three JSONL files into OUT_DIR:
 - ``sft.jsonl``: ``{"prompt", "response"}`` pairs for the SFT warm start,

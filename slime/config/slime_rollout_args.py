@@ -64,7 +64,7 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group(
         "slime: router",
         "sglang-router runs with its health checks, circuit breaker and retries off (slime probes the "
-        "engines itself and retries under --use-fault-tolerance; README, Fault tolerance).",
+        "engines itself and retries under --use-fault-tolerance; docs/guides/fault-tolerance.md).",
     )
     g.add_argument(
         "--router-request-timeout",
@@ -211,7 +211,7 @@ def add_fault_tolerance_arguments(parser: argparse.ArgumentParser) -> None:
         "slime: fault tolerance",
         "An engine that fails a probe, stops answering or dies is taken out of the router, restarted on "
         "its own bundles and given the current weights at the next push before it serves again; its "
-        "requests are sent again to the others. README 'Fault tolerance' says what each failure costs.",
+        "requests are sent again to the others. docs/guides/fault-tolerance.md says what each failure costs.",
     )
     g.add_argument(
         "--use-fault-tolerance",
@@ -266,7 +266,7 @@ def add_data_loading_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group(
         "slime: large prompt sets",
         "How --prompt-data is read. By default every record is read, templated and checked at start-up "
-        "and held in memory; README 'Large prompt sets' gives the costs measured at 1M prompts.",
+        "and held in memory; docs/guides/large-prompt-sets.md gives the costs measured at 1M prompts.",
     )
     g.add_argument(
         "--streaming-data",
@@ -362,8 +362,8 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         type=str,
         default=None,
         metavar="FILE.yaml",
-        help="Evaluation sets as a YAML list, each with its own keys, n, sampling and reward (README "
-        "'Evaluation'); what a set leaves out comes from the --eval-* flags, then the rollout's. "
+        help="Evaluation sets as a YAML list, each with its own keys, n, sampling and reward (docs/"
+        "guides/evaluation.md); what a set leaves out comes from the --eval-* flags, then the rollout's. "
         "Not with --eval-prompt-data.",
     )
     g.add_argument(

@@ -1,9 +1,10 @@
 """The checks: everything that can be known wrong before anything starts. They read ``args`` only.
 
 A wrong flag, a missing file, an unimportable plugin or inconsistent batch arithmetic must be one
-clear line at start-up, not a Ray traceback ten minutes later (DESIGN.md §4). Each check raises a
-``ConfigError`` naming the flag to change and how. The values slime derives are filled in by
-``slime.config.derive``; ``slime.config.parser.configure_steps`` runs both in dependency order.
+clear line at start-up, not a Ray traceback ten minutes later (docs/architecture.md, "Validation
+before anything starts"). Each check raises a ``ConfigError`` naming the flag to change and how.
+The values slime derives are filled in by ``slime.config.derive``;
+``slime.config.parser.configure_steps`` runs both in dependency order.
 
 Checks run in that order: modes and required flags, value ranges, paths, the model shape (filled
 from / checked against the HF config.json), cluster layout, batch arithmetic, parallel layout,

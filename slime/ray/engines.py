@@ -7,8 +7,9 @@ process (``slime.backends.engine_server``: own process group, log file, killed w
 and reports its URL once ``GET /health_generate`` succeeds, i.e. once it really generates.
 
 Which server runs is decided in one place, ``engine_command``: SGLang on GPU nodes, the in-repo
-torch engine elsewhere (DESIGN.md §1); each backend's ``launcher`` module writes its own argv.
-Both speak the same HTTP protocol, so nothing after start-up knows which one it talks to.
+torch engine elsewhere (docs/architecture.md, "One architecture, two kinds of hardware"); each
+backend's ``launcher`` module writes its own argv. Both speak the same HTTP protocol, so nothing
+after start-up knows which one it talks to.
 """
 
 from __future__ import annotations

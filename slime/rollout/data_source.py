@@ -1,11 +1,12 @@
 """The resumable prompt source: which prompt groups a rollout gets next, in an order a resume repeats.
 
-``PromptDataSource`` is the start of every rollout (DESIGN.md §2). It hands out groups of
-``n_samples_per_prompt`` copies of one prompt, walks the data epoch after epoch (reshuffled per epoch
-with a seed derived from ``--rollout-seed``, so any run can be replayed), takes back aborted groups for
-the next rollout, and saves its position next to the checkpoint so a resumed run sees exactly the
-prompts the uninterrupted run would have seen (DESIGN.md §7, last invariant). The prompts themselves
-are read and checked by ``slime.rollout.prompt_files``; the source only orders them.
+``PromptDataSource`` is the start of every rollout (docs/architecture.md, "Data flow of one step").
+It hands out groups of ``n_samples_per_prompt`` copies of one prompt, walks the data epoch after
+epoch (reshuffled per epoch with a seed derived from ``--rollout-seed``, so any run can be replayed),
+takes back aborted groups for the next rollout, and saves its position next to the checkpoint so a
+resumed run sees exactly the prompts the uninterrupted run would have seen (docs/architecture.md,
+"Invariants": resume). The prompts themselves are read and checked by ``slime.rollout.prompt_files``;
+the source only orders them.
 
 Where the prompts live does not change what is served. In memory (the default) every record is read
 at start-up (``lazy_prompts.read_all``); with ``--streaming-data`` a one-pass index of the file is kept
@@ -121,7 +122,7 @@ def check_streaming_data(data: DataSettings) -> PromptIndex:
     index pass (structure, slice, the record count ``--num-epoch`` needs) and, under
     ``--on-bad-prompt stop``, the fields of the first record (a wrong ``--input-key`` fails here, not
     at rollout 0). The other records are checked when served: a full parse would cost seconds per
-    million records (README "Large prompt sets")."""
+    million records (docs/guides/large-prompt-sets.md)."""
     if data.prompt_data is None:
         raise DataError("--prompt-data is required to generate rollouts; pass a JSONL or Parquet file")
     index = PromptIndex.build(data.prompt_data)
@@ -473,7 +474,7 @@ class RolloutDataSource(PromptDataSource):
     """Upstream slime's data source (``slime.rollout.data_source.RolloutDataSource``), built as upstream
     builds it, ``C(args)``, so a ``--data-source-path`` class written for THUDM/slime can subclass it.
     It is our ``PromptDataSource`` read from the flags; ``save``/``load`` take our ``directory``
-    argument as well (docs/upstream-compat.md)."""
+    argument as well (docs/guides/upstream-compat.md)."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         # from_settings reads and checks the prompts; this adopts the source it built

@@ -7,7 +7,7 @@ their URL with ``get_model_url``. All three are re-exported by ``slime.rollout.s
 upstream's module for them. The state is built from
 ours: the tokenizer is the rollout's cached one, the sampling parameters are the ones our default
 rollout sends, and ``generate`` is one model turn of ``generate_utils`` (same abort, context-length
-and log-prob handling as our own rollout). Differences from upstream: docs/upstream-compat.md.
+and log-prob handling as our own rollout). Differences from upstream: docs/guides/upstream-compat.md.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ JSONL lines are not records), so a record's position in the index is its positio
 list. The pass checks the file's structure only (it exists, it has records, the slice selects some,
 its lines end in ``\\n``); a record's content is checked when ``RecordReader`` reads it.
 
-The pass runs at numpy speed: 0.4 s for a 1M-line, 330 MB file (README "Large prompt sets").
+The pass runs at numpy speed: 0.4 s for a 1M-line, 330 MB file (docs/guides/large-prompt-sets.md).
 """
 
 from __future__ import annotations

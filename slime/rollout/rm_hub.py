@@ -4,7 +4,7 @@ Custom generate and reward functions written for THUDM/slime call ``await async_
 score with the run's reward flags, or ``batched_async_rm(args, samples)`` for a list. Which function
 scores is ours (``rewards.scoring``: ``--custom-rm-path``, then ``metadata["rm_type"]``, then
 ``--rm-type``), so the built-in names are ours (``math``, ``exact``, ``f1``, ``remote``), not
-upstream's (docs/upstream-compat.md).
+upstream's (docs/guides/upstream-compat.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The sglang-router in front of the engines: a real router process, engines added and removed at run time.
 
-Facts about sglang-router 0.3.2 this module relies on (measured; DESIGN.md §6):
+Facts about sglang-router 0.3.2 this module relies on (measured; docs/architecture.md, "Measured
+facts the code relies on"):
 
 - ``python -m sglang_router.launch_router`` starts with no ``--worker-urls`` and answers
   ``GET /health`` at once. It also binds a Prometheus exporter (default port 29000), so each router

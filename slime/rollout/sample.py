@@ -57,12 +57,12 @@ class Sample:
     turn_spans: list[tuple[int, int]] = field(default_factory=list)
     """``[start, end)`` of the response tokens each generation turn produced, parallel to
     ``weight_versions``: which tokens an older policy sampled (``--mask-offpolicy-in-partial-rollout``)."""
-    # Upstream slime's field names (docs/upstream-compat.md): plugins written for it set or read them.
+    # Upstream slime's field names (docs/guides/upstream-compat.md): plugins written for it set or read them.
     multimodal_inputs: dict[str, Any] | None = None
     """Raw images/videos of the prompt, as upstream names them; the torch engine serves text only."""
     remove_sample: bool = False
-    """Upstream's flag for a sample to leave out of the loss; carried, not read by our trainer
-    (docs/upstream-compat.md)."""
+    """Upstream's flag for a sample to leave out of the loss: it keeps its place and reward, and its
+    loss mask becomes zeros (``slime.rollout.train_data``)."""
     train_metadata: dict[str, Any] | None = None
     """Upstream's per-sample training settings (e.g. which loss); carried, not read by our trainer."""
     session_id: str | None = None

@@ -1,5 +1,5 @@
 """Plugins written for upstream slime (THUDM/slime) run here unchanged: its import paths, its types and
-its semantics where they differ from ours (docs/upstream-compat.md). The plugins are in
+its semantics where they differ from ours (docs/guides/upstream-compat.md). The plugins are in
 tests/support/plugins/compat/; two tiny ``train.py`` runs take them end to end, the rest are unit tests
 of each upstream name."""
 

@@ -6,12 +6,14 @@ This tool generates a real checkpoint locally: Qwen2 / Qwen3 / Qwen2-MoE / Qwen3
 GLM-4.5 (``glm4_moe``) / DeepSeek-V3 architectures built by transformers itself from a config
 (``FAMILY_TRAITS`` gives each family the traits that set it apart, at tiny sizes), fp32 weights in
 safetensors, and a character-level tokenizer with Qwen's ChatML special tokens and chat template, so
-every loader sees the same files a real model has.
+every loader sees the same files a real model has. ``qwen2_5_vl`` adds a vision tower (``VISION_TRAITS``)
+and the image processor's ``preprocessor_config.json``: a tiny Qwen2.5-VL for the multimodal paths.
 
 Usage:
     python tools/make_tiny_model.py --out /tmp/tiny-qwen2
     python tools/make_tiny_model.py --out /tmp/tiny-qwen3 --arch qwen3 --num-layers 4 --seed 1
     python tools/make_tiny_model.py --out /tmp/tiny-qwen3-moe --arch qwen3_moe --untie-embeddings
+    python tools/make_tiny_model.py --out /tmp/tiny-qwen2.5-vl --arch qwen2_5_vl
 
 The call is idempotent: a directory that already holds a model made with the same settings (recorded
 in ``slime_tiny_model.json``) is returned as is, so tests and examples can call it unconditionally.
@@ -33,8 +35,19 @@ from typing import Any
 
 SETTINGS_FILE = "slime_tiny_model.json"
 FORMAT_VERSION = 1
-ARCHITECTURES = ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "llama", "glm4", "glm4_moe", "deepseek_v3")
+ARCHITECTURES = (
+    "qwen2",
+    "qwen3",
+    "qwen2_moe",
+    "qwen3_moe",
+    "llama",
+    "glm4",
+    "glm4_moe",
+    "deepseek_v3",
+    "qwen2_5_vl",
+)
 MOE_ARCHITECTURES = ("qwen2_moe", "qwen3_moe", "glm4_moe", "deepseek_v3")
+VLM_ARCHITECTURES = ("qwen2_5_vl",)
 VOCAB_MULTIPLE = 16
 
 # Special tokens first, so their ids are small and fixed: 0 is both end-of-text and padding.
@@ -57,6 +70,56 @@ CHAT_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
+
+# Qwen2-VL's vision tokens, appended after the text vocabulary (ids 99-102) so that the text archs' ids
+# stay as they are. An image is "<|vision_start|><|image_pad|><|vision_end|>" in a prompt; the processor
+# repeats <|image_pad|> once per merged patch, and the model's config names all four ids.
+VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD = (
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+VISION_TOKENS = (VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD)
+
+# CHAT_TEMPLATE with Qwen2-VL's content parts: a message's content is a string, or a list of
+# {"type": "text", "text": ...} / {"type": "image"} / {"type": "video"} parts, each image one
+# "<|vision_start|><|image_pad|><|vision_end|>" in place (as Qwen2.5-VL's template renders it).
+VLM_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
+    "{%- if message['content'] is string %}{{- message['content'] }}"
+    "{%- else %}{%- for part in message['content'] %}"
+    "{%- if part['type'] == 'image' or 'image' in part or 'image_url' in part %}"
+    "{{- '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{%- elif part['type'] == 'video' or 'video' in part %}"
+    "{{- '<|vision_start|><|video_pad|><|vision_end|>' }}"
+    "{%- elif 'text' in part %}{{- part['text'] }}"
+    "{%- endif %}{%- endfor %}{%- endif %}"
+    "{{- '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+# The vision tower at tiny size, with Qwen2.5-VL's patching (14-pixel patches, 2 frames per temporal
+# patch, 2x2 patches merged into one token): 4 heads of 16, windowed attention in block 0 and full
+# attention in block 1 (as the published models alternate them). The window of 56 pixels is 2x2 merged
+# tokens, so a 56x56 image spans one window and a larger one several. min_pixels = 56*56 makes a
+# 56x56 image 4x4 patches, i.e. 4 image tokens; max_pixels = 112*112 caps any image at 16.
+VISION_TRAITS: dict[str, Any] = {
+    "depth": 2,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_heads": 4,
+    "patch_size": 14,
+    "temporal_patch_size": 2,
+    "spatial_merge_size": 2,
+    "window_size": 56,
+    "fullatt_block_indexes": [1],
+    "tokens_per_second": 2,
+    "min_pixels": 56 * 56,
+    "max_pixels": 112 * 112,
+}
 
 # The split Qwen2's tokenizer applies before its byte-level step. The tokenizer here uses the very same
 # pipeline (split, byte-level, BPE without merges) because transformers 5 loads any checkpoint whose
@@ -131,6 +194,10 @@ def _settings(
             f"num_attention_heads ({num_attention_heads}) must be a multiple of "
             f"num_key_value_heads ({num_key_value_heads})"
         )
+    if arch in VLM_ARCHITECTURES and head_dim not in (None, hidden_size // num_attention_heads):
+        raise ValueError(
+            f"{arch} derives head_dim from hidden_size / num_attention_heads; got head_dim={head_dim}"
+        )
     if head_dim is None:
         if hidden_size % num_attention_heads:
             raise ValueError(
@@ -143,6 +210,8 @@ def _settings(
     if rope_theta <= 0 or rms_norm_eps <= 0:
         raise ValueError("rope_theta and rms_norm_eps must be positive")
     extra = _moe_settings(moe) if arch in MOE_ARCHITECTURES else {}
+    if arch in VLM_ARCHITECTURES:
+        extra["vision"] = dict(VISION_TRAITS)  # part of the idempotence key, so a changed tower is rebuilt
     return {
         "format_version": FORMAT_VERSION,
         "arch": arch,
@@ -186,6 +255,8 @@ def _is_complete(directory: Path, settings: dict[str, Any]) -> bool:
     if _read_settings(directory) != settings:
         return False
     needed = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+    if settings["arch"] in VLM_ARCHITECTURES:
+        needed += ("preprocessor_config.json",)
     return all((directory / name).is_file() for name in needed)
 
 
@@ -284,15 +355,19 @@ def _write_model(directory: Path, settings: dict[str, Any]) -> None:
     import inspect
 
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, GenerationConfig
     from transformers.utils import logging as hf_logging
 
+    arch = settings["arch"]
     tokenizer = _build_tokenizer(settings["max_position_embeddings"])
+    chat_template = CHAT_TEMPLATE
+    if arch in VLM_ARCHITECTURES:
+        tokenizer.add_special_tokens({"additional_special_tokens": list(VISION_TOKENS)})
+        tokenizer.chat_template = chat_template = VLM_CHAT_TEMPLATE
     vocab_size = _round_up(len(tokenizer), VOCAB_MULTIPLE)
     eos_id = tokenizer.convert_tokens_to_ids(IM_END)
     pad_id = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
 
-    arch = settings["arch"]
     config_kwargs: dict[str, Any] = {
         "vocab_size": vocab_size,
         "hidden_size": settings["hidden_size"],
@@ -344,12 +419,17 @@ def _write_model(directory: Path, settings: dict[str, Any]) -> None:
         config_kwargs["num_key_value_heads"] = settings["num_attention_heads"]
         del config_kwargs["head_dim"]
         config_kwargs["rope_scaling"] = _yarn(settings)
-    config = AutoConfig.for_model(arch, **config_kwargs)
+    if arch in VLM_ARCHITECTURES:
+        config = _vlm_config(config_kwargs, settings, tokenizer)
+        model_class: Any = AutoModelForImageTextToText
+    else:
+        config = AutoConfig.for_model(arch, **config_kwargs)
+        model_class = AutoModelForCausalLM
 
     # transformers' own initialisation, under a fixed seed, without disturbing the caller's RNG.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(settings["seed"])
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = model_class.from_config(config, dtype=torch.float32)
         for name, tensor in model.named_buffers():
             if name.endswith("e_score_correction_bias"):  # starts at 0; a trained one picks other experts
                 torch.nn.init.normal_(tensor, std=0.3)
@@ -384,14 +464,96 @@ def _write_model(directory: Path, settings: dict[str, Any]) -> None:
     compat: dict[str, Any] = {"rope_theta": settings["rope_theta"], "torch_dtype": "float32"}
     if arch in ("qwen2_moe", "qwen3_moe"):
         compat["num_experts"] = settings["num_experts"]  # 5.x writes only its alias num_local_experts
+    if arch in VLM_ARCHITECTURES:
+        compat.update(_vlm_compat(directory / "config.json", settings))
+        _write_image_processor(directory, settings)
     _patch_json(directory / "config.json", compat)
     _patch_json(
         directory / "tokenizer_config.json",
-        {"tokenizer_class": "PreTrainedTokenizerFast", "chat_template": CHAT_TEMPLATE},
+        {"tokenizer_class": "PreTrainedTokenizerFast", "chat_template": chat_template},
     )
     # Written last: its presence marks a complete checkpoint.
     (directory / SETTINGS_FILE).write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
     _apply_umask(directory)
+
+
+def _mrope_section(head_dim: int) -> list[int]:
+    """Qwen2.5-VL's split of the rotary pairs into (time, height, width): [16, 24, 24] of 64 pairs scaled."""
+    pairs = head_dim // 2
+    time = pairs // 4
+    height = (pairs - time) // 2
+    return [time, height, pairs - time - height]
+
+
+def _vlm_config(config_kwargs: dict[str, Any], settings: dict[str, Any], tokenizer: Any) -> Any:
+    """The Qwen2.5-VL config: the text arch's keys as its text_config, the tower from VISION_TRAITS.
+
+    The vision tower projects into the language model's width (out_hidden_size), and the token ids the
+    model looks for in input_ids (image_token_id for the embedding scatter, vision_start_token_id for the
+    3-D RoPE index) are those the tokenizer gives the vision tokens.
+    """
+    from transformers import Qwen2_5_VLConfig
+
+    text = {key: value for key, value in config_kwargs.items() if key not in ("head_dim", "rope_theta")}
+    # Multimodal RoPE: each rotary pair is driven by the time, height or width position of its token.
+    text["rope_parameters"] = {
+        "rope_type": "default",
+        "rope_theta": settings["rope_theta"],
+        "mrope_section": _mrope_section(settings["head_dim"]),
+    }
+    vision = {
+        key: value for key, value in settings["vision"].items() if key not in ("min_pixels", "max_pixels")
+    }
+    vision["out_hidden_size"] = settings["hidden_size"]
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in VISION_TOKENS}
+    return Qwen2_5_VLConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=ids[IMAGE_PAD],
+        video_token_id=ids[VIDEO_PAD],
+        vision_start_token_id=ids[VISION_START],
+        vision_end_token_id=ids[VISION_END],
+        tie_word_embeddings=settings["tie_word_embeddings"],
+        dtype="float32",
+    )
+
+
+def _vlm_compat(config_path: Path, settings: dict[str, Any]) -> dict[str, Any]:
+    """The keys a transformers 4.x reader (an SGLang image) takes the language model from.
+
+    The published Qwen2.5-VL config.json files are flat (the text sizes at the top level) and give the
+    RoPE as rope_scaling {"type": "mrope", "mrope_section": ...}, which 4.x reads from text_config.
+    transformers 5 reads that rope_scaling in text_config back as the same default RoPE with the same
+    sections; at the top level it would only warn, so it goes in text_config alone.
+    """
+    text = json.loads(config_path.read_text())["text_config"]
+    flat = {key: text[key] for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers")}
+    flat.update({key: text[key] for key in ("num_attention_heads", "num_key_value_heads", "rms_norm_eps")})
+    flat.update({key: text[key] for key in ("max_position_embeddings", "eos_token_id", "pad_token_id")})
+    rope = {"type": "mrope", "mrope_section": text["rope_parameters"]["mrope_section"]}
+    flat["text_config"] = {**text, "rope_scaling": rope, "rope_theta": settings["rope_theta"]}
+    return flat
+
+
+def _write_image_processor(directory: Path, settings: dict[str, Any]) -> None:
+    """preprocessor_config.json: Qwen2-VL's image processor at the tiny pixel range, saved from its PIL class.
+
+    Building it needs no torchvision (which the CPU environment lacks). The file names the processor as
+    real checkpoints do ("Qwen2VLImageProcessor"), so AutoImageProcessor picks the PIL backend where
+    torchvision is absent and the torchvision one where it is, unless told ``backend="pil"``.
+    """
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    vision = settings["vision"]
+    processor = Qwen2VLImageProcessorPil(
+        min_pixels=vision["min_pixels"],
+        max_pixels=vision["max_pixels"],
+        patch_size=vision["patch_size"],
+        temporal_patch_size=vision["temporal_patch_size"],
+        merge_size=vision["spatial_merge_size"],
+    )
+    processor.save_pretrained(directory)
+    _patch_json(directory / "preprocessor_config.json", {"processor_class": "Qwen2_5_VLProcessor"})
 
 
 def _apply_umask(directory: Path) -> None:
@@ -432,6 +594,9 @@ def make_tiny_model(
     hidden_size / num_attention_heads. The three expert sizes apply to the MoE archs only (every layer
     is an MoE layer there; ``intermediate_size`` is then unused but kept in config.json). The vocabulary
     is padded to a multiple of 16 so that the model has unused embedding rows, as real checkpoints do.
+    ``qwen2_5_vl`` takes the language model's sizes from these arguments and its vision tower from
+    ``VISION_TRAITS``; transformers 5.25 builds its ``AutoProcessor`` only with torchvision installed,
+    so without it load ``AutoTokenizer`` and ``AutoImageProcessor`` (PIL) from the directory instead.
 
     If ``out_dir`` already holds a model made with the same settings nothing is written (cheap: no torch
     import). A non-empty directory holding anything else raises ``FileExistsError`` unless ``force``, in
@@ -497,8 +662,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="make_tiny_model.py",
         description=(
-            "Write a tiny random HF causal LM (Qwen2/Qwen3/Qwen2-MoE/Qwen3-MoE/Llama) with a character-level "
-            "tokenizer."
+            "Write a tiny random HF causal LM (Qwen2/Qwen3/Qwen2-MoE/Qwen3-MoE/Llama) or Qwen2.5-VL with a "
+            "character-level tokenizer."
         ),
     )
     parser.add_argument("--out", required=True, help="output directory")

@@ -65,8 +65,13 @@ def broken_links(doc: Path) -> list[str]:
     return broken
 
 
-def root_entries(repo: Path = REPO) -> set[str]:
-    return {path.name for path in repo.iterdir() if not path.name.startswith(".")}
+@functools.cache
+def root_entries(repo: Path = REPO) -> frozenset[str]:
+    """The repository root's tracked entries: what a run writes there (``outputs/``) is not the repo's."""
+    tracked = subprocess.run(
+        ["git", "ls-files"], capture_output=True, text=True, cwd=repo, check=True
+    ).stdout.splitlines()
+    return frozenset(path.split("/", 1)[0] for path in tracked)
 
 
 def missing_paths(doc: Path, repo: Path = REPO) -> list[str]:

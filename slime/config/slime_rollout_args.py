@@ -260,6 +260,16 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--apply-chat-template", action="store_true", help="Wrap prompts with the tokenizer's chat template."
     )
+    g.add_argument(
+        "--multimodal-keys",
+        type=str,
+        default=None,
+        metavar="JSON",
+        help='Modality -> field holding its items, as a JSON object, e.g. \'{"image": "images"}\' (only '
+        '"image" for now). Each item is a path (relative to the prompt file), a base64 string (with or '
+        'without a data:image/...;base64, prefix) or {"image": ..., "min_pixels": N, "max_pixels": N}; '
+        'the prompt carries one <image> (or {"type": "image"} message part) per item, in order.',
+    )
 
 
 def add_data_loading_arguments(parser: argparse.ArgumentParser) -> None:

@@ -25,6 +25,7 @@ from slime.config.engine_backend import missing_server_requirements, resolve_bac
 from slime.config.errors import ConfigError
 from slime.config.hf_config import CONFIG_NAME
 from slime.config.reward_types import BOXED_PREFIX, BUILTIN_REWARD_TYPES
+from slime.config.settings.data import parse_multimodal_keys
 from slime.config.settings.router import RouterSettings
 from slime.config.sglang_args import check_sglang_server_args
 from slime.config.slime_args import DEFAULT_ROLLOUT_FUNCTION_PATH, PLUGIN_FLAGS
@@ -141,7 +142,9 @@ def _check_writable_dir(flag: str, directory: str) -> None:
 
 
 def check_data_loading(args: argparse.Namespace) -> None:
-    """The "large prompt sets" flags read --prompt-data; a --data-source-path class reads its own."""
+    """The "large prompt sets" flags read --prompt-data; a --data-source-path class reads its own.
+    --multimodal-keys is a JSON object naming known modalities."""
+    parse_multimodal_keys(args.multimodal_keys)
     chosen = [
         flag
         for flag, is_set in (

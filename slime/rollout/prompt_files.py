@@ -10,6 +10,10 @@ same checks.
 Bad data is one ``DataError`` line that names the file and line (JSONL, 1-based) or row (Parquet,
 0-based), e.g. ``--input-key 'question' not found in data/train.jsonl:3; keys present: prompt, answer``.
 
+Images (``--multimodal-keys '{"image": "images"}'``) are read with their record: the items of the
+column are checked (a path must exist, relative to the prompt file; base64 is not decoded here), their
+count must equal the prompt's image placeholders, and they are kept raw on ``Sample.multimodal_inputs``.
+
 For SFT, ``load_sft_pairs`` reads prompt/response pairs with the same reader and the same errors.
 """
 
@@ -18,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +54,11 @@ class Record:
     where: str
     """``path:line`` (JSONL, 1-based line) or ``path:row N`` (Parquet, 0-based row)."""
     data: dict[str, Any]
+
+    @property
+    def path(self) -> str:
+        """The file the record was read from (``where`` without its line or row)."""
+        return self.where.rsplit(":", 1)[0]
 
 
 def read_records(spec: str) -> list[Record]:
@@ -211,6 +221,9 @@ class PromptFormat:
     """Render the prompt to text with ``tokenizer``."""
     max_prompt_len: int | None = None
     """Drop prompts whose rendered text is longer than this many tokens (needs ``tokenizer``)."""
+    multimodal_keys: dict[str, str] | None = None
+    """``--multimodal-keys``: modality (``"image"``) -> the field holding the record's items
+    (``multimodal_items``); None for text-only data."""
 
     def __post_init__(self) -> None:
         if (self.apply_chat_template or self.max_prompt_len is not None) and self.tokenizer is None:
@@ -234,6 +247,7 @@ class PromptFormat:
             label_key=data.label_key,
             metadata_key=data.metadata_key,
             tool_key=data.tool_key,
+            multimodal_keys=data.multimodal_keys,
             tokenizer=loaded,
             apply_chat_template=apply_chat_template,
             max_prompt_len=max_prompt_len,
@@ -246,7 +260,7 @@ class PromptFormat:
         required = {self.input_key} if self.label_key is None else {self.input_key, self.label_key}
         if not required <= set(names):
             return None
-        used = required | {self.metadata_key, self.tool_key}
+        used = required | {self.metadata_key, self.tool_key, *(self.multimodal_keys or {}).values()}
         return [name for name in names if name in used]
 
     def sample(self, record: Record) -> Sample | None:
@@ -270,6 +284,9 @@ class PromptFormat:
             tools = _json_field("--tool-key", self.tool_key, record, list)
             if tools is not None:
                 metadata["tools"] = tools
+        multimodal_inputs = None
+        if self.multimodal_keys:
+            multimodal_inputs = multimodal_items(self.multimodal_keys, record, prompt)
         if self.apply_chat_template:
             try:
                 prompt = render_chat(self.tokenizer, prompt, tools)
@@ -281,7 +298,116 @@ class PromptFormat:
             text = prompt if isinstance(prompt, str) else render_chat(self.tokenizer, prompt, tools)
             if len(self.tokenizer(text, add_special_tokens=False)["input_ids"]) > self.max_prompt_len:
                 return None
-        return Sample(prompt=prompt, label=label, metadata=metadata)
+        return Sample(prompt=prompt, label=label, metadata=metadata, multimodal_inputs=multimodal_inputs)
+
+
+IMAGE_PLACEHOLDER = "<image>"
+"""An image's place in a string prompt (or in a chat message's text), as upstream slime writes it."""
+IMAGE_PARTS = ("image", "image_url")
+"""``type`` of the OpenAI-style content parts that stand for an image in a chat message."""
+PIXEL_KEYS = ("min_pixels", "max_pixels")
+_DATA_URL = re.compile(r"data:image/[A-Za-z0-9.+-]+;base64,")
+_BASE64 = re.compile(r"[A-Za-z0-9+/]+={0,2}")
+_MIN_BASE64_LEN = 32
+"""Shorter strings are never taken for base64 images (even a 1x1 PNG encodes to ~90 characters)."""
+
+
+def count_image_placeholders(prompt: str | list[dict[str, Any]]) -> int:
+    """Image placeholders of a prompt: ``<image>`` in a string or a message's text, plus each
+    ``{"type": "image"}`` / ``{"type": "image_url", ...}`` part of a message's content list."""
+    if isinstance(prompt, str):
+        return prompt.count(IMAGE_PLACEHOLDER)
+    count = 0
+    for message in prompt:
+        content = message.get("content")
+        if isinstance(content, str):
+            count += content.count(IMAGE_PLACEHOLDER)
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, str):
+                    count += part.count(IMAGE_PLACEHOLDER)
+                elif isinstance(part, dict):
+                    if part.get("type") in IMAGE_PARTS:
+                        count += 1
+                    elif isinstance(part.get("text"), str):
+                        count += part["text"].count(IMAGE_PLACEHOLDER)
+    return count
+
+
+def multimodal_items(
+    keys: dict[str, str], record: Record, prompt: str | list[dict[str, Any]]
+) -> dict[str, list[Any]] | None:
+    """``Sample.multimodal_inputs`` of ``record`` (``{"image": [item, ...]}`` in prompt order), or None
+    when it has no item. ``DataError`` (naming ``file:line``) for an ill-formed item, a path that does not
+    exist, or item and placeholder counts that differ. Items stay raw (nothing is decoded); a relative
+    path becomes the absolute path of the file it names, so it is found from any process."""
+    out: dict[str, list[Any]] = {}
+    for modality, key in keys.items():
+        value = record.data.get(key)
+        if isinstance(value, tuple):
+            value = list(value)
+        if value is None:
+            raw: list[Any] = []
+        elif isinstance(value, list):
+            raw = value
+        else:
+            raw = [value]  # a single item
+        items = [_image_item(key, record, i, item) for i, item in enumerate(raw)]
+        placeholders = count_image_placeholders(prompt)
+        if placeholders != len(items):
+            held = f"{key!r} holds {len(items)}" if key in record.data else f"has no {key!r} field, so 0"
+            raise DataError(
+                f"{record.where}: the prompt has {placeholders} image placeholder(s) but the record "
+                f"{held} image(s); write one {IMAGE_PLACEHOLDER} (or {{'type': 'image'}} message part) "
+                f"per item of {key!r}, in order (--multimodal-keys)"
+            )
+        if items:
+            out[modality] = items
+    return out or None
+
+
+def _image_item(key: str, record: Record, i: int, item: Any) -> Any:
+    """One image item checked (cheaply: a path exists, base64 looks like base64), kept raw."""
+    what = f"{key}[{i}] in {record.where}"
+    if isinstance(item, dict):
+        unknown = set(item) - {"image", "type", *PIXEL_KEYS}
+        if unknown or "image" not in item or item.get("type") not in (None, "image"):
+            raise DataError(
+                f"{what}: an image dict is {{'image': <path or base64>, 'min_pixels': N, 'max_pixels': N}}, "
+                f"got keys {', '.join(sorted(item))}; fix the item"
+            )
+        for pixels in PIXEL_KEYS:
+            value = item.get(pixels)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise DataError(f"{what}: {pixels} must be a positive integer, got {value!r}")
+        low, high = item.get("min_pixels"), item.get("max_pixels")
+        if low is not None and high is not None and low > high:
+            raise DataError(f"{what}: min_pixels {low} is greater than max_pixels {high}; swap or fix them")
+        return {**item, "image": _image_source(what, record, item["image"])}
+    return _image_source(what, record, item)
+
+
+def _image_source(what: str, record: Record, source: Any) -> str:
+    """A path (made absolute; it must exist) or a base64 string (with or without a ``data:`` prefix)."""
+    if not isinstance(source, str) or not source:
+        raise DataError(
+            f"{what}: an image is a path or a base64 string (or a dict with 'image'), "
+            f"got {type(source).__name__}"
+        )
+    if source.startswith("data:"):
+        match = _DATA_URL.match(source)
+        if match is None or not _BASE64.fullmatch(source[match.end() :]):
+            raise DataError(f"{what}: {source[:40]!r}... is not a data:image/<format>;base64,<data> URL")
+        return source
+    path = source if os.path.isabs(source) else os.path.join(os.path.dirname(record.path), source)
+    if os.path.isfile(path):
+        return os.path.abspath(path)
+    if len(source) >= _MIN_BASE64_LEN and len(source) % 4 == 0 and _BASE64.fullmatch(source):
+        return source
+    raise DataError(
+        f"{what}: image file {path} does not exist; fix the path (relative paths are read from the "
+        "prompt file's directory) or give the image as base64"
+    )
 
 
 def load_prompts(spec: str, prompt_format: PromptFormat | None = None) -> list[Sample]:

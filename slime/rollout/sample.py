@@ -59,7 +59,15 @@ class Sample:
     ``weight_versions``: which tokens an older policy sampled (``--mask-offpolicy-in-partial-rollout``)."""
     # Upstream slime's field names (docs/guides/upstream-compat.md): plugins written for it set or read them.
     multimodal_inputs: dict[str, Any] | None = None
-    """Raw images/videos of the prompt, as upstream names them; the torch engine serves text only."""
+    """Raw media of the prompt, as upstream names them: ``{"image": [item, ...]}`` in placeholder order
+    (``--multimodal-keys``), each item as the data file gave it (a path, made absolute; a base64 string,
+    with or without its ``data:`` prefix; or ``{"image": ..., "min_pixels": N, "max_pixels": N}``).
+    Checked but not decoded when read: decoding and resizing happen on the rollout side. None for a
+    text-only prompt."""
+    multimodal_train_inputs: dict[str, Any] | None = None
+    """Upstream's name for what the model's processor makes of ``multimodal_inputs`` for training
+    (e.g. ``pixel_values``, ``image_grid_thw``; its outputs minus ``input_ids`` / ``attention_mask``).
+    Filled by the processor on the rollout side, later; None until then and for text-only prompts."""
     remove_sample: bool = False
     """Upstream's flag for a sample to leave out of the loss: it keeps its place and reward, and its
     loss mask becomes zeros (``slime.rollout.train_data``)."""

@@ -3,9 +3,49 @@
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import dataclass
+from typing import Any
 
+from slime.config.errors import ConfigError
 from slime.config.settings.flags import read_flags
+
+MULTIMODAL_MODALITIES = ("image",)
+"""The modalities ``--multimodal-keys`` may name (upstream slime also has video and audio)."""
+
+
+def parse_multimodal_keys(value: str | dict[str, Any] | None) -> dict[str, str] | None:
+    """``--multimodal-keys``: a JSON object mapping a modality to the column holding its items, e.g.
+    ``{"image": "images"}`` (upstream slime's shape); None when not given. A dict (a plugin's namespace
+    as upstream parses it) is checked the same way. Raises a one-line ``ConfigError``."""
+    flag = "--multimodal-keys"
+    example = """e.g. '{"image": "images"}'"""
+    if value is None:
+        return None
+    parsed: Any = value
+    if isinstance(value, str):
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ConfigError(
+                flag, f"{value!r} is not valid JSON ({e.msg}); pass a JSON object, {example}"
+            ) from e
+    if not isinstance(parsed, dict) or not parsed:
+        raise ConfigError(
+            flag,
+            f"must be a non-empty JSON object mapping a modality to a column, got {value!r}; {example}",
+        )
+    for modality, column in parsed.items():
+        if modality not in MULTIMODAL_MODALITIES:
+            raise ConfigError(
+                flag,
+                f"unknown modality {modality!r}; supported: {', '.join(MULTIMODAL_MODALITIES)} ({example})",
+            )
+        if not isinstance(column, str) or not column:
+            raise ConfigError(
+                flag, f"the column of {modality!r} must be a non-empty string, got {column!r}; {example}"
+            )
+    return dict(parsed)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -16,6 +56,8 @@ class DataSettings:
     label_key: str | None
     metadata_key: str | None
     tool_key: str | None
+    multimodal_keys: dict[str, str] | None = None
+    """``--multimodal-keys``: modality -> column of its items (``{"image": "images"}``), parsed."""
     apply_chat_template: bool
     max_prompt_len: int | None
     """``--rollout-max-prompt-len``: longer prompts (in tokens, rendered) are never served."""
@@ -62,4 +104,5 @@ class DataSettings:
             num_data_workers=args.num_data_workers or 0,
             shuffle=args.rollout_shuffle,
             seed=args.rollout_seed,
+            multimodal_keys=parse_multimodal_keys(args.multimodal_keys),
         )

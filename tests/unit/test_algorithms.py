@@ -314,6 +314,7 @@ def test_estimator_flags_that_landed_pass_the_not_yet_implemented_check():
         kl_coef=0.0,
         use_tis=False,
         eps_clip_c=None,
+        multimodal_keys=None,
     )
     for estimator in ("gspo", "cispo", "rloo", "reinforce_plus_plus_baseline", "reinforce_plus_plus"):
         check_implemented(argparse.Namespace(**{**base, "advantage_estimator": estimator}))

@@ -206,9 +206,14 @@ def _pin_mmap_threshold(actor) -> int:
 
 def test_hf_export_streams_buckets_to_rank_0_with_memory_bounded_by_the_bucket(ray_cluster, tmp_path):
     """A 120 MB model over two pipeline stages exported with 4 MB buckets: each rank's resident memory
-    grows by a few buckets during --save-hf (5 and 12 MiB on this machine; before: 630 and 176 MiB,
+    grows by a few buckets during --save-hf (5 to 31 MiB on 2-core machines; before: 630 and 176 MiB,
     as every rank copied its stage and rank 0 unpickled both at once), and the files load back
-    tensor for tensor."""
+    tensor for tensor.
+
+    A bucket is alive up to five times at once on rank 0 (received bytes, unpickled tensors, their
+    contiguous copies, safetensors' serialised buffer, the next bucket's receive), and freed
+    buckets stay in the allocator's arenas: the bound allows six buckets plus 16 MiB, still far
+    below one pipeline stage (60 MiB)."""
     import threading
 
     import psutil
@@ -263,4 +268,4 @@ def test_hf_export_streams_buckets_to_rank_0_with_memory_bounded_by_the_bucket(r
     index = json.loads((written / "model.safetensors.index.json").read_text())
     assert index["metadata"]["total_size"] == model_bytes and len(set(index["weight_map"].values())) > 4
     largest = max(t.numel() * t.element_size() for t in original.values())
-    assert model_bytes > 100 * 2**20 and max(growth) < 3 * max(largest, 4 * 2**20) + 16 * 2**20
+    assert model_bytes > 100 * 2**20 and max(growth) < 6 * max(largest, 4 * 2**20) + 16 * 2**20

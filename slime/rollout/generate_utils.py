@@ -47,6 +47,7 @@ from slime.rollout.errors import RolloutError
 from slime.rollout.plugin_args import rollout_seed, router_url, tokenizer_path
 from slime.rollout.prompt_files import load_tokenizer, render_chat
 from slime.rollout.sample import Sample
+from slime.rollout.vision import check_expanded_length, png_data_url, vision_processor
 from slime.utils.http import HttpError
 
 _FINISH_STATUS = {
@@ -136,12 +137,42 @@ def cached_tokenizer(path: str) -> Any:
 
 
 def prompt_ids(args: argparse.Namespace, sample: Sample) -> list[int]:
-    """The prompt's token ids: chat messages are rendered with the chat template first."""
-    tokenizer = cached_tokenizer(tokenizer_path(args))
+    """The prompt's token ids: chat messages are rendered with the chat template first.
+
+    A prompt with images (``sample.multimodal_inputs``) goes through the checkpoint's processor: each
+    image's placeholder becomes its image tokens, expanded (``slime.rollout.vision``), and
+    ``sample.multimodal_train_inputs`` gets the processor's tensors. ``ImageError`` names an image that
+    cannot be decoded."""
+    path = tokenizer_path(args)
+    tokenizer = cached_tokenizer(path)
     tools = sample.metadata.get("tools")
     prompt = sample.prompt if isinstance(sample.prompt, str) else render_chat(tokenizer, sample.prompt, tools)
+    images = sample_images(sample)
+    if images:
+        processor = vision_processor(path)
+        encoded = processor.encode(images)
+        sample.multimodal_train_inputs = encoded.train_inputs()
+        return processor.expand(processor.encode_text(prompt), encoded.token_counts)
     ids: list[int] = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     return ids
+
+
+def sample_images(sample: Sample) -> list[Any]:
+    """The sample's image items so far (prompt and observations), in the order their tokens appear."""
+    return list((sample.multimodal_inputs or {}).get("image") or [])
+
+
+def request_images(args: argparse.Namespace, sample: Sample) -> list[str]:
+    """A ``/generate`` request's ``image_data`` for ``sample``: every image so far, resized and encoded as
+    the rollout's processor saw it. Fills ``multimodal_train_inputs`` where it is missing (a partial
+    sample resumed from a saved buffer keeps its ids, not its tensors)."""
+    images = sample_images(sample)
+    if not images:
+        return []
+    processor = vision_processor(tokenizer_path(args))
+    if sample.multimodal_train_inputs is None:
+        sample.multimodal_train_inputs = processor.encode(images).train_inputs()
+    return processor.data_urls(images)
 
 
 def env_token_ids(args: argparse.Namespace, text: str) -> list[int]:
@@ -203,7 +234,11 @@ def _aborted_turn() -> Turn:
 
 
 async def generate_turn(
-    args: argparse.Namespace, input_ids: list[int], sampling_params: dict[str, Any], index: int | None = None
+    args: argparse.Namespace,
+    input_ids: list[int],
+    sampling_params: dict[str, Any],
+    index: int | None = None,
+    images: list[str] | None = None,
 ) -> Turn:
     """One model turn on ``input_ids`` through the router (ABORTED without a request once the rollout aborts).
 
@@ -215,7 +250,8 @@ async def generate_turn(
     request, its ``finish_reason`` saying so (``append_model_turn`` makes a sample left without a
     response token by it FAILED).
     """
-    return (await generate_turns(args, [input_ids], sampling_params, indices=[index]))[0]
+    batch_images = None if images is None else [images]
+    return (await generate_turns(args, [input_ids], sampling_params, indices=[index], images=batch_images))[0]
 
 
 async def generate_turns(
@@ -224,6 +260,7 @@ async def generate_turns(
     sampling_params: dict[str, Any],
     budgets: list[int] | None = None,
     indices: list[int | None] | None = None,
+    images: list[list[str]] | None = None,
 ) -> list[Turn]:
     """A model turn on each of ``inputs``, sent in SGLang's batch form (a list of ``input_ids``), so that
     a prompt group costs one HTTP request through the router instead of one per sample. On the engine
@@ -234,6 +271,10 @@ async def generate_turns(
     with different ``max_new_tokens`` (``budgets``, each input's own, else the parameters';
     then capped to the context length) go in separate requests. Capping and the answers without a
     request are ``generate_turn``'s; ``indices`` name the samples in errors.
+
+    ``images`` (``request_images`` of each input's sample) go as SGLang's ``image_data`` with the
+    inputs' image tokens collapsed to one per image (the engine expands them again); a reply whose
+    prompt length differs from the expanded input raises ``ImageError`` (the engine resized otherwise).
     """
     context = _CONTEXT.get()
     if context is not None and context.aborted.is_set():
@@ -260,12 +301,16 @@ async def generate_turns(
         index = None if indices is None or len(members) > 1 else indices[members[0]]
         if index is not None and "sampling_seed" not in params:
             params["sampling_seed"] = sampling_seed(rollout_seed(args), index, len(inputs[members[0]]))
-        replies = await _post_generate(args, context, [inputs[i] for i in members], params)
+        member_images = None if images is None else [images[i] for i in members]
+        replies = await _post_generate(args, context, [inputs[i] for i in members], params, member_images)
         for i, reply in zip(members, replies, strict=True):
             if reply is None:  # the rollout aborted while the request waited for a retry
                 turns[i] = _aborted_turn()
                 continue
-            turn = turns[i] = parse_reply(reply, None if indices is None else indices[i])
+            index = None if indices is None else indices[i]
+            if images is not None and images[i]:
+                check_expanded_length(len(inputs[i]), reply, index)
+            turn = turns[i] = parse_reply(reply, index)
             turn.context_capped = budget < asked[i]
 
     await asyncio.gather(*(send(budget, members) for budget, members in batches.items()))
@@ -275,16 +320,25 @@ async def generate_turns(
 
 
 async def _post_generate(
-    args: argparse.Namespace, context: RolloutContext | None, inputs: list[list[int]], params: dict[str, Any]
+    args: argparse.Namespace,
+    context: RolloutContext | None,
+    inputs: list[list[int]],
+    params: dict[str, Any],
+    images: list[list[str]] | None = None,
 ) -> list[Any]:
     """The replies to one ``/generate`` of ``inputs`` (the single form for one), None each when the
     rollout aborted before a retry."""
     batched = len(inputs) > 1
-    payload = {
+    if images is not None and any(images):
+        processor = vision_processor(tokenizer_path(args))
+        inputs = [processor.collapse(ids, len(urls)) for ids, urls in zip(inputs, images, strict=True)]
+    payload: dict[str, Any] = {
         "input_ids": [list(ids) for ids in inputs] if batched else list(inputs[0]),
         "sampling_params": params,
         "return_logprob": True,
     }
+    if images is not None and any(images):
+        payload["image_data"] = images if batched else images[0]
     url = f"{router_url(args)}/generate"
     if context is not None:
         reply = await _post_with_retries(context, url, payload)
@@ -382,6 +436,7 @@ def fail_without_response(sample: Sample, reason: str) -> None:
     unless the sample already has one.
     """
     sample.tokens = [sample.tokens[0], sample.tokens[-1]]
+    sample.multimodal_train_inputs = None  # the stub holds no image token
     sample.response_length = 1
     sample.loss_mask = [0]
     if sample.rollout_log_probs is not None:
@@ -400,6 +455,29 @@ def append_env_output(sample: Sample, token_ids: list[int], text: str) -> None:
     loss_mask += [0] * len(token_ids)  # in place: sample.loss_mask
     if sample.rollout_log_probs is not None:
         sample.rollout_log_probs += [0.0] * len(token_ids)
+
+
+def append_image_observation(args: argparse.Namespace, sample: Sample, text: str, images: list[Any]) -> None:
+    """Appends an observation that shows images (loss mask 0, like ``append_env_output``): ``text`` with
+    one ``<image>`` per item of ``images`` (paths, base64 strings, data URLs or PIL images), each
+    expanded to its image tokens. The images join ``multimodal_inputs`` and their tensors
+    ``multimodal_train_inputs``, so the next ``request_images`` sends all of them, as a multi-turn
+    request to SGLang must."""
+    items = [png_data_url(item) if hasattr(item, "save") else item for item in images]
+    processor = vision_processor(tokenizer_path(args))
+    earlier = sample_images(sample)
+    if earlier and sample.multimodal_train_inputs is None:
+        sample.multimodal_train_inputs = processor.encode(earlier).train_inputs()
+    encoded = processor.encode(items)
+    ids = processor.expand(processor.encode_text(text), encoded.token_counts)
+    sample.multimodal_inputs = {**(sample.multimodal_inputs or {}), "image": earlier + items}
+    new = encoded.train_inputs()
+    if sample.multimodal_train_inputs is not None:
+        import torch
+
+        new = {key: torch.cat([sample.multimodal_train_inputs[key], value]) for key, value in new.items()}
+    sample.multimodal_train_inputs = new
+    append_env_output(sample, ids, text)
 
 
 def complete_generated(args: argparse.Namespace, sample: Sample, plugin: str) -> None:

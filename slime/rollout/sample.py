@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
@@ -123,8 +123,10 @@ class Sample:
         return self.reward_value(args.reward_key)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of every field (status as its string value), for debug dumps."""
-        data = dataclasses.asdict(self)
+        """A JSON-ready dict of every field (status as its string value), for debug dumps and the saved
+        buffer. ``multimodal_train_inputs`` (tensors) is left out: the processor remakes it from
+        ``multimodal_inputs`` (``slime.rollout.generate_utils.request_images``)."""
+        data = dataclasses.asdict(replace(self, multimodal_train_inputs=None))
         data["status"] = self.status.value
         return data
 

@@ -14,11 +14,12 @@ import argparse
 
 from slime.config.settings.data import DataSettings
 from slime.rollout.data_source import DataSource
-from slime.rollout.generate_utils import cached_tokenizer, prompt_ids
+from slime.rollout.generate_utils import cached_tokenizer, fail_without_response, prompt_ids
 from slime.rollout.output import RolloutOutput
 from slime.rollout.plugin_args import settings_of, tokenizer_path
 from slime.rollout.prompt_files import DataError
 from slime.rollout.sample import Sample
+from slime.rollout.vision import ImageError
 
 
 def build_sft_sample(args: argparse.Namespace, sample: Sample) -> Sample:
@@ -26,7 +27,12 @@ def build_sft_sample(args: argparse.Namespace, sample: Sample) -> Sample:
     if sample.label is None:
         raise DataError(f"sample {sample.index} has no response: set --label-key to the response field")
     tokenizer = cached_tokenizer(tokenizer_path(args))
-    prompt = prompt_ids(args, sample)
+    try:
+        prompt = prompt_ids(args, sample)
+    except ImageError as error:  # left out of the loss, named in the log; the other pairs train
+        sample.tokens = [0, 0]  # any two ids: a FAILED stub is never trained
+        fail_without_response(sample, f"sample {sample.index}: {error}")
+        return sample
     response = tokenizer(sample.label, add_special_tokens=False)["input_ids"]
     if tokenizer.eos_token_id is not None:
         response.append(tokenizer.eos_token_id)

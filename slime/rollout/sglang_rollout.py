@@ -64,11 +64,13 @@ from slime.rollout.generate_utils import (
     RolloutContext,
     append_model_turn,
     complete_generated,
+    fail_without_response,
     generate_turns,
     mask_offpolicy_turns,
     parse_reply,
     prompt_ids,
     remaining_tokens,
+    request_images,
     rollout_context,
 )
 from slime.rollout.output import RolloutOutput
@@ -77,6 +79,7 @@ from slime.rollout.rewards import RewardChoice, score_groups
 from slime.rollout.router import engine_urls
 from slime.rollout.sample import Sample
 from slime.rollout.sampling import sampling_params
+from slime.rollout.vision import ImageError
 from slime.utils.plugins import declares, is_group_generate, load_function
 
 # (args, sample, sampling_params) per sample, or (args, samples, ...) per group (the usage guide's form).
@@ -217,9 +220,17 @@ class RolloutClient:
         todo = [sample for sample in group if not sample.finished]
         fresh = [sample for sample in todo if not sample.tokens]
         if fresh:
-            shared = prompt_ids(self.args, fresh[0])  # once per group: the samples share the prompt
+            try:
+                shared = prompt_ids(self.args, fresh[0])  # once per group: the samples share the prompt
+            except ImageError as error:  # the group's images: every sample of it fails, the rollout goes on
+                for sample in fresh:
+                    sample.tokens = [0, 0]  # any two ids: a FAILED stub is never trained
+                    fail_without_response(sample, f"sample {sample.index}: {error}")
+                todo = [sample for sample in todo if not sample.finished]
+                fresh = []
             for sample in fresh:
                 sample.tokens = list(shared)
+                sample.multimodal_train_inputs = fresh[0].multimodal_train_inputs
         size = 1 if self.settings.sampling.seed_per_sample else self.slots.capacity  # one alone is seeded
         chunks = [todo[start : start + size] for start in range(0, len(todo), size)]
         await asyncio.gather(*(self._generate_chunk(chunk, params, progress) for chunk in chunks))
@@ -230,7 +241,8 @@ class RolloutClient:
                 return
             budgets = [remaining_tokens(sample, params) for sample in samples]
             tokens, indices = [sample.tokens for sample in samples], [sample.index for sample in samples]
-            turns = await generate_turns(self.args, tokens, params, budgets, indices)
+            images = [request_images(self.args, sample) for sample in samples]
+            turns = await generate_turns(self.args, tokens, params, budgets, indices, images=images)
         for sample, turn in zip(samples, turns, strict=True):
             append_model_turn(sample, turn)
         progress.update(len(samples))

@@ -46,6 +46,8 @@ def samples_to_train_data(groups: list[list[Sample]], reward_key: str | None = N
     loss mask is all zeros and ``valid_rewards`` is False: nothing is learned from a reward that does
     not exist, and its placeholder 0.0 stays out of its group's mean and std. A sample a plugin marked
     ``remove_sample`` (upstream slime's field) keeps its place and reward but its loss mask is zeros.
+    ``multimodal_train_inputs`` (present when a sample has images) are the processor's tensors, which
+    the trainer feeds to the vision tower; they are made once, on the rollout side.
     """
     samples = [sample for group in groups for sample in group]
     prompt_groups = [number for number, group in enumerate(groups) for _ in group]
@@ -56,6 +58,10 @@ def samples_to_train_data(groups: list[list[Sample]], reward_key: str | None = N
     keys += ["weight_versions", "valid_rewards", "prompt_groups"]
     if with_log_probs:
         keys += ["rollout_log_probs", "rollout_log_prob_masks"]
+    # Images: the processor's tensors of each sample (None for a text sample), only when there are any.
+    with_images = any(sample.multimodal_train_inputs is not None for sample in samples)
+    if with_images:
+        keys.append("multimodal_train_inputs")
     data: TrainData = {key: [] for key in keys}
     for sample, prompt_group in zip(samples, prompt_groups, strict=True):
         n = sample.response_length
@@ -85,6 +91,8 @@ def samples_to_train_data(groups: list[list[Sample]], reward_key: str | None = N
             known = log_probs is not None
             data["rollout_log_probs"].append(list(log_probs) if log_probs is not None else [0.0] * n)
             data["rollout_log_prob_masks"].append([int(known)] * n)
+        if with_images:
+            data["multimodal_train_inputs"].append(sample.multimodal_train_inputs)
     return data
 
 

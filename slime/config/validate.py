@@ -25,7 +25,7 @@ from slime.config.engine_backend import missing_server_requirements, resolve_bac
 from slime.config.errors import ConfigError
 from slime.config.hf_config import CONFIG_NAME
 from slime.config.reward_types import BOXED_PREFIX, BUILTIN_REWARD_TYPES
-from slime.config.settings.data import parse_multimodal_keys
+from slime.config.settings.data import is_vision_checkpoint, parse_multimodal_keys
 from slime.config.settings.router import RouterSettings
 from slime.config.sglang_args import check_sglang_server_args
 from slime.config.slime_args import DEFAULT_ROLLOUT_FUNCTION_PATH, PLUGIN_FLAGS
@@ -143,8 +143,17 @@ def _check_writable_dir(flag: str, directory: str) -> None:
 
 def check_data_loading(args: argparse.Namespace) -> None:
     """The "large prompt sets" flags read --prompt-data; a --data-source-path class reads its own.
-    --multimodal-keys is a JSON object naming known modalities."""
-    parse_multimodal_keys(args.multimodal_keys)
+    --multimodal-keys is a JSON object naming known modalities, for a vision-language checkpoint."""
+    if (
+        parse_multimodal_keys(args.multimodal_keys)
+        and args.hf_checkpoint
+        and not is_vision_checkpoint(args.hf_checkpoint)
+    ):
+        raise ConfigError(
+            "--multimodal-keys",
+            f"needs a vision-language --hf-checkpoint; {args.hf_checkpoint}/config.json has no vision_config "
+            "(supported: Qwen2.5-VL; docs/guides/vision-language.md)",
+        )
     chosen = [
         flag
         for flag, is_set in (

@@ -101,6 +101,7 @@ def load_eval_datasets(settings: EvalSettings) -> list[EvalSet]:
             label_key=s.label_key,
             metadata_key=settings.metadata_key,
             tool_key=settings.tool_key,
+            multimodal_keys=settings.multimodal_keys,
             tokenizer=tokenizer if s.apply_chat_template else None,
             apply_chat_template=s.apply_chat_template,
         )

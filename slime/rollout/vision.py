@@ -64,12 +64,6 @@ class EncodedImages:
         return {"pixel_values": self.pixel_values, "image_grid_thw": self.image_grid_thw}
 
 
-def is_vision_checkpoint(path: str | Path) -> bool:
-    """Whether ``config.json`` of ``path`` describes a vision-language model (it has a vision tower)."""
-    config = Path(path) / "config.json"
-    return config.is_file() and "vision_config" in json.loads(config.read_text())
-
-
 class VisionProcessor:
     """The checkpoint's tokenizer and image processor (PIL backend: no torchvision)."""
 

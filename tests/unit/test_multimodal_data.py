@@ -231,12 +231,8 @@ def test_bad_multimodal_keys_are_one_line_each(
         parse_multimodal_keys(value)
 
 
-def test_entry_points_refuse_the_flag_until_engines_and_trainer_take_images(tmp_path: Path) -> None:
+def test_a_text_checkpoint_is_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     hf = make_hf(tmp_path)
-    args = parse_args(base(hf, "--multimodal-keys", '{"image": "images"}'))
-    assert DataSettings.from_args(args).multimodal_keys == KEYS
-    with pytest.raises(ConfigError) as exc:
-        check_implemented(args)
-    assert exc.value.flag == "--multimodal-keys"
-    assert "not implemented" in exc.value.line() and "issue 36" in exc.value.line()
+    line = expect_error(capsys, base(hf, "--multimodal-keys", '{"image": "images"}'), "--multimodal-keys")
+    assert f"needs a vision-language --hf-checkpoint; {hf}/config.json has no vision_config" in line
     check_implemented(parse_args(base(hf)))

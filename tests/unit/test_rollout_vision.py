@@ -48,7 +48,9 @@ def _sample(prompt: str | list, items: list) -> Sample:
     return Sample(index=3, prompt=prompt, multimodal_inputs={"image": items})
 
 
-def _reference_ids(vlm: Path, text: str, image_paths: list[Path]) -> tuple[list[int], dict[str, torch.Tensor]]:
+def _reference_ids(
+    vlm: Path, text: str, image_paths: list[Path]
+) -> tuple[list[int], dict[str, torch.Tensor]]:
     """What the HF processor would make of ``text`` (``<image>`` per image): the PIL image processor
     and the tokenizer by hand, as tests/unit/test_tiny_vlm.py does (no torchvision on the CPU)."""
     from PIL import Image
@@ -150,7 +152,7 @@ def test_an_image_observation_appends_expanded_tokens_masked_and_its_tensors(vlm
 def test_train_data_carries_the_tensors_and_the_saved_buffer_drops_them(vlm: Path, images: dict) -> None:
     args = _args(vlm)
     with_image = _sample("<image>?", [str(images["red"])])
-    with_image.tokens = prompt_ids(args, with_image) + [5]
+    with_image.tokens = [*prompt_ids(args, with_image), 5]
     text = Sample(index=4, prompt="hi", tokens=[1, 2, 5])
     for sample in (with_image, text):
         sample.response_length, sample.loss_mask, sample.reward = 1, [1], 1.0

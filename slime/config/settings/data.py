@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from slime.config.errors import ConfigError
@@ -12,6 +13,12 @@ from slime.config.settings.flags import read_flags
 
 MULTIMODAL_MODALITIES = ("image",)
 """The modalities ``--multimodal-keys`` may name (upstream slime also has video and audio)."""
+
+
+def is_vision_checkpoint(path: str | Path) -> bool:
+    """Whether ``config.json`` of ``path`` describes a vision-language model (it has a vision tower)."""
+    config = Path(path) / "config.json"
+    return config.is_file() and "vision_config" in json.loads(config.read_text())
 
 
 def parse_multimodal_keys(value: str | dict[str, Any] | None) -> dict[str, str] | None:

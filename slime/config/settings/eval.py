@@ -6,6 +6,7 @@ import argparse
 from dataclasses import dataclass
 
 from slime.config.eval_config import EvalSetSettings
+from slime.config.settings.data import parse_multimodal_keys
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,6 +31,8 @@ class EvalSettings:
     """``--hf-checkpoint``: renders the chat template of sets that apply it."""
     reward_key: str | None = None
     """``--reward-key``: what the metrics average of a dict reward."""
+    multimodal_keys: dict[str, str] | None = None
+    """``--multimodal-keys``: evaluation records carry their images in the same fields as training's."""
 
     @property
     def pass_threshold_or_none(self) -> float | None:
@@ -50,4 +53,5 @@ class EvalSettings:
             tool_key=args.tool_key,
             tokenizer_path=args.hf_checkpoint,
             reward_key=args.reward_key,
+            multimodal_keys=parse_multimodal_keys(args.multimodal_keys),
         )

@@ -19,6 +19,7 @@ from slime.config import sglang_args as sa
 from slime.config.settings.rollout import EngineSettings
 from slime.ray.cluster import BundleLocation
 from slime.ray.engines import EngineNode, EngineStartError, engine_command, plan_engine_nodes
+from tests.unit.test_sglang_wheels import source
 
 
 @dataclasses.dataclass(frozen=True)
@@ -342,6 +343,24 @@ def test_one_node_engine_command_line() -> None:
         "--mem-fraction-static", "0.7", "--enable-metrics", "--cuda-graph-bs", "1", "2",
         "--log-level", "info",
     ]  # fmt: skip
+
+
+def test_a_vision_language_engine_patches_images_with_the_pil_processor(tmp_path) -> None:
+    """Both SGLang releases have ``--image-processor-backend`` (0.5.19 ServerArgs, 0.5.23
+    srt/arg_groups); the rollout's processor is the PIL one, so the engine's is too unless set."""
+    (tmp_path / "config.json").write_text('{"model_type": "qwen2_5_vl", "vision_config": {}}')
+    argv = server_command(
+        _engine(hf_checkpoint=str(tmp_path)), "h", 1, engine_rank=0, num_gpus=1, nccl_port=2
+    )
+    assert argv[argv.index("--image-processor-backend") + 1] == "pil"
+    mine = _engine(hf_checkpoint=str(tmp_path), server_args=(("image_processor_backend", "auto"),))
+    argv = server_command(mine, "h", 1, engine_rank=0, num_gpus=1, nccl_port=2)
+    assert argv[argv.index("--image-processor-backend") + 1] == "auto"
+    plain = server_command(_engine(), "h", 1, engine_rank=0, num_gpus=1, nccl_port=2)
+    assert "--image-processor-backend" not in plain
+    for release in ("0.5.19", "0.5.23"):
+        files = [*source(release).glob("server_args.py"), *source(release).glob("arg_groups/*.py")]
+        assert any("image_processor_backend" in f.read_text() for f in files), release
 
 
 def test_two_node_engine_command_lines_meet_at_node_zero() -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from slime.config.settings.data import is_vision_checkpoint
 from slime.config.settings.rollout import EngineSettings
 from slime.config.sglang_args import server_flags
 from slime.utils.http import engine_api_key
@@ -49,6 +50,10 @@ def server_command(
         argv.append("--enable-memory-saver")  # release/resume_memory_occupation between turns
     passed = dict(engine.server_args)
     passed.setdefault("log_level", engine.log_level)
+    if is_vision_checkpoint(engine.hf_checkpoint):
+        # The rollout patched each image with the checkpoint's PIL processor; the same backend here
+        # normalises the pixels identically (the torchvision one differs in the last bits).
+        passed.setdefault("image_processor_backend", "pil")
     if key := engine_api_key():  # the run's key (``--sglang-api-key`` or one made for a multi-node run)
         passed["api_key"] = key
     return argv + server_flags(passed)

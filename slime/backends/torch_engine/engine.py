@@ -25,6 +25,7 @@ from slime.backends.torch_engine.sampling import RowSampling
 from slime.backends.torch_engine.scheduler import Scheduler
 from slime.backends.torch_engine.server_args import ServerArgs
 from slime.backends.torch_engine.update_groups import WeightUpdateGroups
+from slime.backends.torch_engine.vision import VisionProcessor
 
 logger = logging.getLogger(__name__)
 
@@ -66,8 +67,19 @@ class TorchEngine:
             self.runner, self.max_running_requests, args.max_total_tokens, args.random_seed
         )
         self.scheduler.weight_version = args.weight_version
-        self.weights = weights.WeightStore(self.runner.model)
+        renames = weights.checkpoint_renames(self.runner.model) if self.runner.is_vlm else None
+        self.weights = weights.WeightStore(self.runner.model, renames)
         self.release = protocol.release(args.sglang_release)
+        self.vision = (
+            VisionProcessor(
+                self.runner.model_path,
+                self.runner.model,
+                self.runner.tokenizer,
+                self.release.multimodal_0_5_23,
+            )
+            if self.runner.is_vlm
+            else None
+        )
         self.update_groups = WeightUpdateGroups(self.device)
         self.weight_session: str | None = None  # the open session's selector (SGLang >= 0.5.21)
         self.released: set[str] = set()
@@ -108,7 +120,13 @@ class TorchEngine:
     def build_request(self, gen: GenerateInput) -> Request:
         """Tokenize and validate one request against the context length; raises ProtocolError (400)."""
         tokenizer = self.runner.tokenizer
-        ids = gen.input_ids if gen.input_ids is not None else tokenizer(gen.text)["input_ids"]
+        images = None
+        if gen.image_data is not None:
+            if self.vision is None:
+                raise ProtocolError(protocol.MULTIMODAL_UNSUPPORTED)
+            ids, images = self.vision.prepare(gen.text, gen.input_ids, gen.image_data)
+        else:
+            ids = gen.input_ids if gen.input_ids is not None else tokenizer(gen.text)["input_ids"]
         if not ids:
             raise ProtocolError("The input is empty (no tokens).")
         if min(ids) < 0 or max(ids) >= self.runner.vocab_size:
@@ -163,6 +181,7 @@ class TorchEngine:
             stop_ids=frozenset() if params.ignore_eos else frozenset(stop_set),
             banned_until_min=sorted(stop_set) if params.min_new_tokens > 0 else [],
             stop_tail_tokens=tail,
+            images=images,
         )
 
     # ---- info -----------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The HF model behind the engine: loading, batched prefill and decode forwards over the slot KV cache.
 
-The model is an unmodified `transformers.AutoModelForCausalLM`; everything engine-specific is in the
-inputs we hand it: explicit `position_ids` per row and a ready 4D additive attention mask (transformers
+The model is an unmodified `transformers.AutoModelForCausalLM` (`AutoModelForImageTextToText` for a
+vision-language model: its prefill also takes the images, see vision.py); everything engine-specific is
+in the inputs we hand it: explicit `position_ids` per row and a ready 4D additive attention mask (transformers
 returns a 4D mask as is), so rows of different lengths share one forward without any left padding.
 Sliding-window layers are not windowed by this mask; models that need it are outside this engine's
 scope (it warns at load time).
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from slime.backends.torch_engine import vision
 from slime.backends.torch_engine.kv_cache import SlotKVCache
 
 logger = logging.getLogger(__name__)
@@ -50,7 +52,7 @@ class ModelRunner:
         context_length: int | None,
         trust_remote_code: bool = False,
     ) -> None:
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
         self.model_path = str(Path(model_path).resolve())
         self.tokenizer_path = str(Path(tokenizer_path or model_path).resolve())
@@ -65,7 +67,11 @@ class ModelRunner:
         self.tokenizer = AutoTokenizer.from_pretrained(
             self.tokenizer_path, local_files_only=True, trust_remote_code=trust_remote_code
         )
-        model = AutoModelForCausalLM.from_pretrained(
+        # A VLM's checkpoint loads with its image-text class (Qwen2_5_VLForConditionalGeneration), whose
+        # forward takes pixel values and 3-row (time, height, width) positions.
+        self.is_vlm = vision.is_vlm(config)
+        model_class = AutoModelForImageTextToText if self.is_vlm else AutoModelForCausalLM
+        model = model_class.from_pretrained(
             self.model_path,
             dtype=self.dtype,
             local_files_only=True,
@@ -109,7 +115,7 @@ class ModelRunner:
     # ---- forwards -------------------------------------------------------------------------------
 
     def _forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, keep
+        self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, keep, **images
     ) -> torch.Tensor:
         kwargs = {
             "input_ids": input_ids,
@@ -118,16 +124,45 @@ class ModelRunner:
             self._cache_kwarg: self.cache,
             "use_cache": True,
             "logits_to_keep": keep,
+            **images,
         }
         return self.model(**kwargs).logits
 
+    def _vlm_prefill_inputs(
+        self, sequences: list[list[int]], pads: list[int], images: list[vision.ImageInputs | None]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """3-row positions ``[3, rows, width]`` (left pads at 0) and the batch's images in row order: the
+        model scatters the image features into the image pad tokens in that order."""
+        width = max(len(s) for s in sequences)
+        positions = torch.zeros((3, len(sequences), width), dtype=torch.long)
+        for row, (seq, pad, mm) in enumerate(zip(sequences, pads, images, strict=True)):
+            rows = (
+                mm.positions_for(len(seq)) if mm is not None else torch.arange(len(seq))[None].expand(3, -1)
+            )
+            positions[:, row, pad:] = rows
+        present = [mm for mm in images if mm is not None]
+        extra = {}
+        if present:
+            extra = {
+                "pixel_values": torch.cat([mm.pixel_values for mm in present]).to(self.device, self.dtype),
+                "image_grid_thw": torch.cat([mm.image_grid_thw for mm in present]).to(self.device),
+            }
+        return positions.to(self.device), extra
+
     @torch.inference_mode()
-    def prefill(self, sequences: list[list[int]], start_row: int, all_logits: bool) -> list[torch.Tensor]:
+    def prefill(
+        self,
+        sequences: list[list[int]],
+        start_row: int,
+        all_logits: bool,
+        images: list[vision.ImageInputs | None] | None = None,
+    ) -> list[torch.Tensor]:
         """Run the prompts of the new slots `start_row ..`; return per row logits (fp32).
 
         Rows are left-padded to a common width, so the logits after every row's last token are the last
         column (pad queries attend to nothing and are discarded). Each entry is `[len, vocab]` when
-        `all_logits` (prompt logprobs are wanted) else `[vocab]`.
+        `all_logits` (prompt logprobs are wanted) else `[vocab]`. A VLM takes each row's images (None for
+        a text row) and 3-row positions.
         """
         n = len(sequences)
         width = max(len(s) for s in sequences)
@@ -143,19 +178,35 @@ class ModelRunner:
         mask = torch.zeros((n, 1, width, width), dtype=self.dtype, device=self.device)
         mask.masked_fill_(~allowed[:, None], self._mask_min)
         positions = (columns[None, :] - pad_t[:, None]).clamp(min=0)
+        extra: dict[str, torch.Tensor] = {}
+        if self.is_vlm:
+            positions, extra = self._vlm_prefill_inputs(sequences, pads, images or [None] * n)
         self.cache.set_prefill(start_row, start_row + n, width, pads)
-        logits = self._forward(ids.to(self.device), positions, mask, 0 if all_logits else 1).float()
+        logits = self._forward(ids.to(self.device), positions, mask, 0 if all_logits else 1, **extra).float()
         if all_logits:
             return [logits[row, pad:] for row, pad in enumerate(pads)]
         return list(logits[:, -1])
 
     @torch.inference_mode()
-    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, kv_length: int) -> torch.Tensor:
-        """One token for each slot `0 .. n-1` at `positions` (all < `kv_length`); `[n, vocab]` fp32 logits."""
+    def decode(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        kv_length: int,
+        rope_deltas: list[int] | None = None,
+    ) -> torch.Tensor:
+        """One token for each slot `0 .. n-1` at `positions` (all < `kv_length`); `[n, vocab]` fp32 logits.
+
+        `positions` are cache columns; a VLM's rotary positions are `position + rope_delta` of each row's
+        images (0 for text), the same in all three rows."""
         n = tokens.shape[0]
         self.cache.set_decode(n, positions, kv_length)
         columns = torch.arange(kv_length, device=self.device)
         mask = torch.zeros((n, 1, 1, kv_length), dtype=self.dtype, device=self.device)
         mask.masked_fill_((columns[None, :] > positions[:, None])[:, None, None, :], self._mask_min)
-        logits = self._forward(tokens[:, None], positions[:, None], mask, 1)
+        rope = positions[:, None]
+        if self.is_vlm:
+            deltas = torch.tensor(rope_deltas or [0] * n, dtype=torch.long, device=self.device)
+            rope = (rope + deltas[:, None])[None].expand(3, -1, -1)
+        logits = self._forward(tokens[:, None], rope, mask, 1)
         return logits[:, -1].float()

@@ -14,7 +14,9 @@ Facts taken from SGLang 0.5.23 (`sglang/srt/entrypoints/http_server.py`, `manage
 `sampling/sampling_params.py`; `/get_load` and `/get_weight_version` from 0.5.3, removed later):
 
 - POST /generate: `text` | `input_ids` (a list makes a batch), `sampling_params`, `rid`,
-  `return_logprob`, `logprob_start_len` (-1: output logprobs only), `return_text_in_logprobs`, `stream`.
+  `return_logprob`, `logprob_start_len` (-1: output logprobs only), `return_text_in_logprobs`, `stream`,
+  and for a vision-language model `image_data` (``vision.py``: forms, prompt expansion, errors,
+  meta_info["image_tokens"]; a text model refuses it).
   Reply `{"text", "output_ids", "meta_info"}`; meta_info = {"id", "finish_reason", "prompt_tokens",
   "weight_version", "num_retractions", "completion_tokens", "cached_tokens", "e2e_latency"} plus, with
   return_logprob, "input_token_logprobs", "output_token_logprobs" (lists of `[logprob, token_id, text]`,
@@ -83,6 +85,15 @@ class SglangRelease:
         return self._key >= (0, 5, 20)
 
     @property
+    def multimodal_0_5_23(self) -> bool:
+        """Two image-prompt changes read in 0.5.23 and absent from 0.5.19 (0.5.20-0.5.22, not unpacked
+        here, are taken as 0.5.19): more image placeholders than images is a ValueError naming both
+        counts, HTTP 400 (``_placeholder_mismatch_error`` in ``multimodal/processors/base_processor.py``;
+        0.5.19's ``legacy_load_mm_data`` raises a RuntimeError, which the HTTP server answers 500), and
+        a text ``<image>`` counts as a placeholder (``qwen_vl.py``'s ``image_token_regex``)."""
+        return self._key >= (0, 5, 23)
+
+    @property
     def get_load(self) -> bool:
         """The deprecated ``GET /get_load`` shim over /v1/loads (``entrypoints/http_server.py``, up to
         0.5.20)."""
@@ -113,12 +124,23 @@ _NEUTRAL_OPTIONS: dict[str, Any] = {
 _IGNORED_OPTIONS = {"stream_interval", "custom_params", "spaces_between_special_tokens", "watermark"}
 
 
+MULTIMODAL_UNSUPPORTED = "input_embeds and multimodal inputs are not supported by the torch engine"
+
+
 class ProtocolError(ValueError):
     """A request the engine must refuse; `status` is the HTTP status to answer with."""
 
     def __init__(self, message: str, status: int = 400) -> None:
         super().__init__(message)
         self.status = status
+
+
+class UnhandledError(ProtocolError):
+    """A failure SGLang's HTTP server does not catch (a RuntimeError where only ValueError is caught):
+    Starlette answers it 500 with the plain text ``Internal Server Error``; the message is only logged."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, status=500)
 
 
 def error_body(message: str) -> dict[str, Any]:
@@ -223,6 +245,7 @@ class GenerateInput:
     return_logprob: bool
     logprob_start_len: int
     return_text_in_logprobs: bool
+    image_data: list[Any] | None = None  # this request's images (see ``vision.py``), None without
 
 
 def _pick(value: Any, index: int, batched: bool) -> Any:
@@ -238,8 +261,8 @@ def parse_generate(body: dict[str, Any]) -> tuple[list[GenerateInput], bool]:
     text, input_ids = body.get("text"), body.get("input_ids")
     if (text is None) == (input_ids is None):
         raise ProtocolError("Either text or input_ids should be provided.")
-    if body.get("input_embeds") is not None or body.get("image_data") is not None:
-        raise ProtocolError("input_embeds and multimodal inputs are not supported by the torch engine")
+    if body.get("input_embeds") is not None:
+        raise ProtocolError(MULTIMODAL_UNSUPPORTED)
     if text is not None:
         batched = isinstance(text, list)
         prompts = text if batched else [text]
@@ -255,6 +278,7 @@ def parse_generate(body: dict[str, Any]) -> tuple[list[GenerateInput], bool]:
                 isinstance(t, int) and not isinstance(t, bool) for t in ids
             ):
                 raise ProtocolError("input_ids must be a list of token ids or a list of such lists")
+    images = _normalize_image_data(body.get("image_data"), len(prompts), batched)
     rid = body.get("rid")
     requests = []
     for i, prompt in enumerate(prompts):
@@ -272,9 +296,30 @@ def parse_generate(body: dict[str, Any]) -> tuple[list[GenerateInput], bool]:
                 return_logprob=bool(_pick(body.get("return_logprob"), i, batched) or False),
                 logprob_start_len=-1 if start is None else int(start),
                 return_text_in_logprobs=bool(body.get("return_text_in_logprobs") or False),
+                image_data=images[i],
             )
         )
     return requests, batched
+
+
+def _normalize_image_data(image_data: Any, batch_size: int, batched: bool) -> list[list[Any] | None]:
+    """Each request's images as SGLang 0.5.19-0.5.23 assign them (``GenerateReqInput._normalize_image_data``
+    in ``managers/io_struct.py`` for a batch; a single request's item or list, ``TokenizerManager``):
+    one item goes to every request of a batch, a flat list gives one image per request, a list of
+    lists a list each; an empty list (or ``[None]``) is no image. Parallel sampling (n > 1) is refused
+    by this engine, so there is nothing to replicate."""
+    if not batched:
+        items = image_data if isinstance(image_data, list) else [image_data]
+        return [items if image_data is not None and items and items != [None] else None]
+    if image_data is None or image_data == []:
+        return [None] * batch_size
+    if not isinstance(image_data, list):
+        return [[image_data]] * batch_size
+    if len(image_data) != batch_size:
+        raise ProtocolError("The length of image_data should be equal to the batch size.")
+    if isinstance(image_data[0], list):
+        return [items if items and items != [None] else None for items in image_data]
+    return [[item] for item in image_data]
 
 
 def finish_stop_token(token_id: int) -> dict[str, Any]:

@@ -55,5 +55,7 @@ def generate_reply(request: Request, tokenizer: Any, weight_version: str) -> dic
     meta["completion_tokens"] = len(ids)
     if not request.aborted_in_queue:
         meta["cached_tokens"] = request.cached_tokens
+        if request.images is not None:  # SGLang adds it only for a request that has image tokens
+            meta["image_tokens"] = request.images.image_tokens
         meta["e2e_latency"] = time.perf_counter() - request.arrival
     return {"text": text, "output_ids": list(ids), "meta_info": meta}

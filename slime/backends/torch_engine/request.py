@@ -6,10 +6,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slime.backends.torch_engine.protocol import SamplingParams
 from slime.backends.torch_engine.sampling import RowSampling
+
+if TYPE_CHECKING:
+    from slime.backends.torch_engine.vision import ImageInputs
 
 
 @dataclass
@@ -38,10 +41,18 @@ class Request:
     stop_tail_tokens: int = 0  # output tokens to decode when looking for stop strings
     aborted_in_queue: bool = False  # answered in the short shape of an abort from the waiting queue
     cached_tokens: int = 0  # prompt tokens whose keys/values were copied rather than computed
+    images: ImageInputs | None = None  # a VLM request's images, kept until it leaves (re-prefills use them)
 
     @property
     def wants_input_logprobs(self) -> bool:
         return self.return_logprob and 0 <= self.logprob_start_len < len(self.input_ids)
+
+    @property
+    def cache_key(self) -> tuple[Any, ...]:
+        """What a prefilled KV row holds: its tokens and, for image requests, which pictures (the pad ids
+        of two different images are the same; SGLang keys its radix cache by their hashes)."""
+        tokens = (*self.input_ids, *self.output_ids)
+        return tokens if self.images is None else (self.images.key, *tokens)
 
     def reserved_tokens(self) -> int:
         return len(self.input_ids) + self.max_new_tokens

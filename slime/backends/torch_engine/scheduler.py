@@ -305,7 +305,8 @@ class Scheduler:
         for i, request in enumerate(batch):
             request.slot = start + i
         sequences = [r.input_ids + r.output_ids for r in batch]
-        logits = self.runner.prefill(sequences[:computed], start, all_logits)
+        images = [r.images for r in batch[:computed]]
+        logits = self.runner.prefill(sequences[:computed], start, all_logits, images)
         copies = [(start + sources[i], start + i, len(sequences[i])) for i in range(computed, len(batch))]
         self.runner.cache.copy_rows(copies)
         self.running.extend(batch)
@@ -345,7 +346,8 @@ class Scheduler:
         tokens = torch.tensor([r.output_ids[-1] for r in self.running], dtype=torch.long, device=device)
         lengths = [r.kv_len for r in self.running]
         positions = torch.tensor(lengths, dtype=torch.long, device=device)
-        logits = self.runner.decode(tokens, positions, max(lengths) + 1)
+        deltas = [r.images.rope_delta if r.images is not None else 0 for r in self.running]
+        logits = self.runner.decode(tokens, positions, max(lengths) + 1, deltas)
         for request in self.running:
             request.kv_len += 1
         self.stats.decode_steps += 1
@@ -430,13 +432,13 @@ class Scheduler:
 
 
 def _copies_last(batch: list[Request]) -> tuple[list[Request], list[int]]:
-    """``batch`` with the first request of each distinct token sequence first and the repeats after,
-    and for each the index of the first one with its tokens (the one prefilled for it)."""
-    first: dict[tuple[int, ...], int] = {}
+    """``batch`` with the first request of each distinct token sequence (and images) first and the repeats
+    after, and for each the index of the first one with its tokens (the one prefilled for it)."""
+    first: dict[tuple[Any, ...], int] = {}
     unique: list[Request] = []
     repeats: list[tuple[Request, int]] = []
     for request in batch:
-        key = (*request.input_ids, *request.output_ids)
+        key = request.cache_key
         if key in first:
             repeats.append((request, first[key]))
         else:

@@ -23,7 +23,7 @@ from aiohttp.typedefs import Middleware
 
 from slime.backends.torch_engine import faults, protocol, weights
 from slime.backends.torch_engine.engine import TorchEngine
-from slime.backends.torch_engine.protocol import ProtocolError, SamplingParams
+from slime.backends.torch_engine.protocol import ProtocolError, SamplingParams, UnhandledError
 from slime.backends.torch_engine.request import Request
 from slime.backends.torch_engine.sampling import RowSampling
 
@@ -118,6 +118,9 @@ def _protocol_errors(handler: Handler) -> Handler:
     async def wrapped(request: web.Request) -> web.StreamResponse:
         try:
             return await handler(request)
+        except UnhandledError as exc:
+            logger.error("%s: %s", request.path, exc)
+            return web.Response(status=500, text="Internal Server Error")
         except ProtocolError as exc:
             return _error(exc.status, str(exc))
 

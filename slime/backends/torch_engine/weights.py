@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,17 +169,42 @@ def expert_slices(model: torch.nn.Module) -> dict[str, ExpertSlice]:
     return slices
 
 
+def checkpoint_renames(model: torch.nn.Module) -> list[tuple[re.Pattern[str], str]]:
+    """transformers' own checkpoint-name -> module-name renamings for ``model``, when it has some.
+
+    A VLM's checkpoint (and so the trainer, and SGLang's ``load_weights``) names its tensors
+    ``visual.*`` and ``model.layers.*``, while transformers 5 holds them as ``model.visual.*`` and
+    ``model.language_model.*``; ``from_pretrained`` renames with these ``WeightRenaming`` patterns
+    (``transformers/conversion_mapping.py``, by class name then model type), and so does the engine.
+    """
+    from transformers.conversion_mapping import WeightRenaming, get_checkpoint_conversion_mapping
+
+    mapping = get_checkpoint_conversion_mapping(type(model).__name__)
+    if mapping is None:
+        mapping = get_checkpoint_conversion_mapping(getattr(model.config, "model_type", None)) or []
+    renames = []
+    for transform in mapping:
+        if isinstance(transform, WeightRenaming):
+            for source, target in zip(transform.source_patterns, transform.target_patterns, strict=False):
+                renames.append((re.compile(source), target))
+    return renames
+
+
 class WeightStore:
     """The model's parameters by HF name: validated loading, reading, and memory release/resume.
 
-    A name is a parameter's own, or one expert's slice of a fused expert parameter (``ExpertSlice``).
+    A name is a parameter's own, one expert's slice of a fused expert parameter (``ExpertSlice``), or a
+    checkpoint name that ``renames`` (``checkpoint_renames``) turns into a parameter's.
     Released parameters keep their Parameter objects (tied weights stay tied) but point at empty
     storage; loading a released parameter allocates it again, so weights can be pushed before or after
     `resume()`.
     """
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(
+        self, model: torch.nn.Module, renames: list[tuple[re.Pattern[str], str]] | None = None
+    ) -> None:
         self.model = model
+        self.renames = renames or []
         self.params: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
         # Persistent buffers are checkpoint tensors too: DeepSeek-V3's e_score_correction_bias is one
         # in transformers (a parameter in SGLang's model); weight pushes and reads name it like the rest.
@@ -194,15 +220,28 @@ class WeightStore:
     def _known(self, name: str) -> bool:
         return name in self.params or name in self.slices
 
+    def module_name(self, name: str) -> str:
+        """``name`` as the model holds it: itself when known, else its first checkpoint renaming."""
+        if self._known(name):
+            return name
+        for pattern, target in self.renames:
+            if pattern.search(name):
+                return pattern.sub(target, name, count=1)
+        return name
+
     def check(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
         """Raise ValueError naming the first problems (unknown names, shape mismatches) before any copy."""
-        unknown = [n for n, _ in named_tensors if not self._known(n) and not n.endswith(_IGNORED_SUFFIXES)]
+        unknown = [
+            n
+            for n, _ in named_tensors
+            if not self._known(self.module_name(n)) and not n.endswith(_IGNORED_SUFFIXES)
+        ]
         if unknown:
             raise ValueError(f"unknown parameter names (HF names expected): {unknown[:5]}")
         wrong = [
-            f"{n}: got {list(t.shape)}, expected {list(self._shape(n))}"
+            f"{n}: got {list(t.shape)}, expected {list(self._shape(self.module_name(n)))}"
             for n, t in named_tensors
-            if self._known(n) and tuple(t.shape) != tuple(self._shape(n))
+            if self._known(self.module_name(n)) and tuple(t.shape) != tuple(self._shape(self.module_name(n)))
         ]
         if wrong:
             raise ValueError(f"shape mismatch: {wrong[:5]}")
@@ -227,6 +266,7 @@ class WeightStore:
     def load(self, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
         """Copy tensors into the parameters (dtype and device converted); returns how many were loaded."""
         self.check(named_tensors)
+        named_tensors = [(self.module_name(n), t) for n, t in named_tensors]
         count = 0
         for name, tensor in named_tensors:
             if name in self.params:
@@ -242,6 +282,7 @@ class WeightStore:
 
     def get(self, name: str, truncate_size: int) -> list[Any]:
         """SGLang's get_weights_by_name: `param.float().tolist()[:truncate_size]` (rows for a matrix)."""
+        name = self.module_name(name)
         if not self._known(name):
             raise KeyError(f"no parameter named {name!r}")
         piece = self.slices.get(name)

@@ -47,7 +47,7 @@ from slime.rollout.errors import RolloutError
 from slime.rollout.plugin_args import rollout_seed, router_url, tokenizer_path
 from slime.rollout.prompt_files import load_tokenizer, render_chat
 from slime.rollout.sample import Sample
-from slime.rollout.vision import check_expanded_length, png_data_url, vision_processor
+from slime.rollout.vision import ImageError, check_expanded_length, png_data_url, vision_processor
 from slime.utils.http import HttpError
 
 _FINISH_STATUS = {
@@ -283,7 +283,11 @@ async def generate_turns(
     turns: list[Turn | None] = [None] * len(inputs)
     batches: dict[int, list[int]] = {}  # max_new_tokens -> positions in inputs
     asked = [sampling_params["max_new_tokens"]] * len(inputs) if budgets is None else budgets
+    sent = _collapsed_inputs(args, inputs, images)
     for i, input_ids in enumerate(inputs):
+        if isinstance(sent[i], ImageError):
+            turns[i] = Turn([], [], "", Sample.Status.FAILED, "", {"type": "error", "message": str(sent[i])})
+            continue
         budget = asked[i]
         if limit is not None:
             budget = min(budget, max(limit - len(input_ids), 0))
@@ -302,7 +306,7 @@ async def generate_turns(
         if index is not None and "sampling_seed" not in params:
             params["sampling_seed"] = sampling_seed(rollout_seed(args), index, len(inputs[members[0]]))
         member_images = None if images is None else [images[i] for i in members]
-        replies = await _post_generate(args, context, [inputs[i] for i in members], params, member_images)
+        replies = await _post_generate(args, context, [sent[i] for i in members], params, member_images)
         for i, reply in zip(members, replies, strict=True):
             if reply is None:  # the rollout aborted while the request waited for a retry
                 turns[i] = _aborted_turn()
@@ -319,6 +323,23 @@ async def generate_turns(
     return done
 
 
+def _collapsed_inputs(
+    args: argparse.Namespace, inputs: list[list[int]], images: list[list[str]] | None
+) -> list[Any]:
+    """What each input is sent as: with images, its image tokens collapsed to one per image (or the
+    ``ImageError`` that makes its sample fail: a generated image token outside an image); else as is."""
+    if images is None or not any(images):
+        return list(inputs)
+    processor = vision_processor(tokenizer_path(args))
+    sent: list[Any] = []
+    for ids, urls in zip(inputs, images, strict=True):
+        try:
+            sent.append(processor.collapse(ids, len(urls)))
+        except ImageError as error:
+            sent.append(error)
+    return sent
+
+
 async def _post_generate(
     args: argparse.Namespace,
     context: RolloutContext | None,
@@ -329,9 +350,6 @@ async def _post_generate(
     """The replies to one ``/generate`` of ``inputs`` (the single form for one), None each when the
     rollout aborted before a retry."""
     batched = len(inputs) > 1
-    if images is not None and any(images):
-        processor = vision_processor(tokenizer_path(args))
-        inputs = [processor.collapse(ids, len(urls)) for ids, urls in zip(inputs, images, strict=True)]
     payload: dict[str, Any] = {
         "input_ids": [list(ids) for ids in inputs] if batched else list(inputs[0]),
         "sampling_params": params,
@@ -416,6 +434,8 @@ def append_model_turn(sample: Sample, turn: Turn) -> None:
         sample.weight_versions.append(turn.weight_version)
         sample.turn_spans.append((start, sample.response_length))
     sample.status = turn.status
+    if turn.status is Sample.Status.FAILED:  # the turn could not be sent (an image token out of place)
+        sample.metadata.setdefault("error", turn.finish_reason.get("message", "failed"))
     if turn.context_capped:
         sample.metadata["context_capped"] = True
     if sample.finished and not sample.response_length:  # e.g. a prompt that fills the context

@@ -145,15 +145,26 @@ class VisionProcessor:
         return ids
 
     def collapse(self, ids: list[int], num_images: int) -> list[int]:
-        """Expanded ids -> one pad per image, as a ``/generate`` request carries them. Each image's pads
-        are one run between ``<|vision_start|>`` and ``<|vision_end|>``; the runs must be ``num_images``."""
-        pad = self.tokens.image_pad_id
-        collapsed = [t for i, t in enumerate(ids) if t != pad or i == 0 or ids[i - 1] != pad]
-        runs = collapsed.count(pad)
+        """Expanded ids -> one pad per image, as a ``/generate`` request carries them. An image's pads
+        are the run right after a ``<|vision_start|>``; there must be ``num_images`` runs. A pad
+        anywhere else (a model may sample one) raises: SGLang would take it for an image placeholder."""
+        pad, start = self.tokens.image_pad_id, self.tokens.vision_start_id
+        collapsed: list[int] = []
+        runs, in_image = 0, False
+        for position, token in enumerate(ids):
+            if token != pad:
+                in_image = False
+                collapsed.append(token)
+            elif position and ids[position - 1] == start:
+                runs, in_image = runs + 1, True
+                collapsed.append(token)
+            elif not in_image:
+                raise ImageError(
+                    f"token {position} is an image pad outside an image (the model sampled it); an engine "
+                    "would take it for an image placeholder, so the sample cannot go on"
+                )
         if runs != num_images:
-            raise ImageError(
-                f"{runs} runs of image tokens in the ids but {num_images} image(s) on the sample"
-            )
+            raise ImageError(f"{runs} runs of image tokens in the ids but {num_images} image(s) given")
         return collapsed
 
 

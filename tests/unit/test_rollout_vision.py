@@ -110,7 +110,7 @@ def test_the_request_carries_one_pad_per_image_and_the_resized_pngs(vlm: Path, i
     assert processor.expand(collapsed, [4, 6]) == ids
     sizes = [decode_image(url, "url").size for url in urls]
     assert sizes == [(56, 56), (84, 56)]  # what was patched, so the engine's resize is the identity
-    with pytest.raises(ImageError, match=r"2 runs of image tokens in the ids but 3 image"):
+    with pytest.raises(ImageError, match=r"2 runs of image tokens in the ids but 3 image\(s\) given"):
         processor.collapse(ids, 3)
     with pytest.raises(ImageError, match="1 image placeholder"):
         processor.expand(processor.encode_text("<image>"), [4, 6])
@@ -181,3 +181,30 @@ def test_png_data_url_is_lossless(images: dict) -> None:
     original.save(buffer_a, format="BMP")
     decoded.save(buffer_b, format="BMP")
     assert buffer_a.getvalue() == buffer_b.getvalue()
+
+
+def test_a_sampled_image_pad_outside_an_image_fails_its_sample_and_not_the_batch(
+    vlm: Path, images: dict
+) -> None:
+    """A tiny model samples <|image_pad|> about once in its vocabulary's size: sent on, SGLang would
+    take it for a placeholder (and count one image too many), so that sample fails before a request."""
+    import asyncio
+
+    from slime.rollout.generate_utils import append_model_turn, generate_turns
+
+    args = _args(vlm)
+    sample = _sample("<image>?", [str(images["red"])])
+    sample.tokens = prompt_ids(args, sample)
+    pad = vision_processor(str(vlm)).tokens.image_pad_id
+    with pytest.raises(ImageError, match=r"token \d+ is an image pad outside an image"):
+        vision_processor(str(vlm)).collapse([*sample.tokens, 7, pad], 1)
+    stray = [*sample.tokens, 7, pad]
+    turns = asyncio.run(
+        generate_turns(
+            args, [stray], {"max_new_tokens": 4}, indices=[3], images=[request_images(args, sample)]
+        )
+    )
+    assert turns[0].status is Sample.Status.FAILED and turns[0].output_ids == []
+    sample.tokens, sample.response_length, sample.loss_mask = stray, 2, [1, 1]
+    append_model_turn(sample, turns[0])
+    assert sample.status is Sample.Status.FAILED and "image pad outside an image" in sample.metadata["error"]

@@ -118,7 +118,7 @@ class ModelRunner:
         self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, keep, **images
     ) -> torch.Tensor:
         kwargs = {
-            "input_ids": input_ids,
+            "input_ids": None if "inputs_embeds" in images else input_ids,
             "position_ids": positions,
             "attention_mask": mask,
             self._cache_kwarg: self.cache,
@@ -129,25 +129,29 @@ class ModelRunner:
         return self.model(**kwargs).logits
 
     def _vlm_prefill_inputs(
-        self, sequences: list[list[int]], pads: list[int], images: list[vision.ImageInputs | None]
+        self, ids: torch.Tensor, pads: list[int], images: list[vision.ImageInputs | None]
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """3-row positions ``[3, rows, width]`` (left pads at 0) and the batch's images in row order: the
-        model scatters the image features into the image pad tokens in that order."""
-        width = max(len(s) for s in sequences)
-        positions = torch.zeros((3, len(sequences), width), dtype=torch.long)
-        for row, (seq, pad, mm) in enumerate(zip(sequences, pads, images, strict=True)):
-            rows = (
-                mm.positions_for(len(seq)) if mm is not None else torch.arange(len(seq))[None].expand(3, -1)
+        """3-row positions ``[3, rows, width]`` (left pads at 0) and the input embeddings with each row's
+        image features written over its prompt's image pads. Only the prompt's pads are images: a pad
+        the model sampled later (a retracted request is prefilled again with its output) is a token,
+        as it was when it was decoded; transformers' own scatter would count it as one more image."""
+        rows, width = ids.shape
+        positions = torch.zeros((3, rows, width), dtype=torch.long)
+        embeds = self.model.get_input_embeddings()(ids)
+        for row, (pad, mm) in enumerate(zip(pads, images, strict=True)):
+            length = width - pad
+            positions[:, row, pad:] = (
+                mm.positions_for(length) if mm is not None else torch.arange(length)[None].expand(3, -1)
             )
-            positions[:, row, pad:] = rows
-        present = [mm for mm in images if mm is not None]
-        extra = {}
-        if present:
-            extra = {
-                "pixel_values": torch.cat([mm.pixel_values for mm in present]).to(self.device, self.dtype),
-                "image_grid_thw": torch.cat([mm.image_grid_thw for mm in present]).to(self.device),
-            }
-        return positions.to(self.device), extra
+            if mm is None:
+                continue
+            features = self.model.get_image_features(
+                mm.pixel_values.to(self.device, self.dtype), mm.image_grid_thw.to(self.device)
+            ).pooler_output
+            prompt = ids[row, pad : pad + mm.positions.shape[1]]
+            where = (prompt == self.config.image_token_id).nonzero().squeeze(-1) + pad
+            embeds[row, where] = torch.cat(features).to(embeds.dtype)
+        return positions.to(self.device), {"inputs_embeds": embeds}
 
     @torch.inference_mode()
     def prefill(
@@ -180,7 +184,7 @@ class ModelRunner:
         positions = (columns[None, :] - pad_t[:, None]).clamp(min=0)
         extra: dict[str, torch.Tensor] = {}
         if self.is_vlm:
-            positions, extra = self._vlm_prefill_inputs(sequences, pads, images or [None] * n)
+            positions, extra = self._vlm_prefill_inputs(ids.to(self.device), pads, images or [None] * n)
         self.cache.set_prefill(start_row, start_row + n, width, pads)
         logits = self._forward(ids.to(self.device), positions, mask, 0 if all_logits else 1, **extra).float()
         if all_logits:

@@ -37,12 +37,6 @@ ONE_LINE_RUN_ERRORS = (EngineCallError, RolloutError, TrainerFailure, RayCluster
 # refusing them beats silently training without them. Each entry: (flag, is it set?, what to do).
 _NOT_YET_IMPLEMENTED = (
     ("--ref-load", lambda a: a.ref_load is not None, "drop it (the reference is --hf-checkpoint)"),
-    (
-        "--multimodal-keys",
-        lambda a: a.multimodal_keys is not None,
-        "images are read and checked but not yet sent to the engines or the trainer (issue 36); "
-        "drop it until they are",
-    ),
 )
 
 

@@ -31,8 +31,9 @@ _SOURCE_HINT = "(or source the right scripts/models/*.sh)"
 _MLA_TYPES = frozenset({"deepseek_v3", "kimi_k2"})  # Kimi-K2 is DeepSeek-V3 under its own name
 # MLA always norms the compressed key/value (and query) latents: Megatron's qk_layernorm.
 _QK_NORM_TYPES = frozenset({"qwen3", "qwen3_moe", *_MLA_TYPES})
-_NO_QK_NORM_TYPES = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "glm4"})
-_QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_moe"})  # Qwen2 hard-codes bias=True on q/k/v
+_NO_QK_NORM_TYPES = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "glm4", "qwen2_5_vl"})
+# Qwen2 hard-codes bias=True on q/k/v; Qwen2.5-VL's language model is Qwen2's.
+_QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_moe", "qwen2_5_vl"})
 _NO_BIAS_TYPES = frozenset(
     {
         "llama",
@@ -44,6 +45,7 @@ _NO_BIAS_TYPES = frozenset(
         "qwen3_moe",
         "glm4",
         "glm4_moe",
+        "qwen2_5_vl",
         *_MLA_TYPES,
     }
 )
@@ -76,10 +78,11 @@ def load_hf_config(hf_checkpoint: str) -> tuple[dict[str, Any], str]:
         raise ConfigError("--hf-checkpoint", f"cannot read {path} ({e}); fix or replace the file") from e
     if not isinstance(config, dict):
         raise ConfigError("--hf-checkpoint", f"{path} is not a JSON object; fix or replace the file")
-    # Multimodal checkpoints (e.g. Qwen2.5-VL) keep the language model under text_config.
+    # Multimodal checkpoints (e.g. Qwen2.5-VL) keep the language model under text_config, which wins
+    # over the flat copies some files also carry at the top level; model_type stays the checkpoint's.
     text = config.get("text_config")
-    if "num_hidden_layers" not in config and isinstance(text, dict):
-        config = {**config, **text}
+    if isinstance(text, dict):
+        config = {**config, **text, "model_type": config.get("model_type")}
     return config, path
 
 
@@ -213,7 +216,21 @@ def _rope_type(cfg: HFConfig) -> Reading:
     return ("yarn" if kind == "yarn" else "rope"), f"{key}.rope_type={kind}"
 
 
+def _mrope_section(cfg: HFConfig) -> Reading:
+    """Multimodal RoPE's split of the rotary pairs (Qwen2.5-VL): in ``rope_scaling`` (transformers 4,
+    the published files) or ``rope_parameters`` (transformers 5)."""
+    for key in ("rope_scaling", "rope_parameters"):
+        block = cfg.get(key)
+        if isinstance(block, dict) and block.get("mrope_section") is not None:
+            section = [int(pairs) for pairs in block["mrope_section"]]
+            return section, f"{key}.mrope_section={section}"
+    return None
+
+
 def _position_embedding(cfg: HFConfig) -> Reading:
+    mrope = _mrope_section(cfg)
+    if mrope is not None:
+        return "mrope", mrope[1]
     reading = _rope_theta(cfg)
     return ("rope", reading[1]) if reading else None
 
@@ -345,6 +362,7 @@ _RULES: tuple[_Rule, ...] = (
         "max_position_embeddings", "--max-position-embeddings", _key("max_position_embeddings"), check=False
     ),
     _Rule("position_embedding_type", "--position-embedding-type", _position_embedding),
+    _Rule("mrope_section", "--mrope-section", _mrope_section),
     _Rule("rotary_percent", "--rotary-percent", _rotary_percent),
     _Rule(
         "rotary_interleaved",
@@ -437,7 +455,8 @@ def apply_hf_config(
             if rule.switch:
                 message = f"given, but {path} has {desc}; drop {rule.flag} {_SOURCE_HINT}"
                 raise ConfigError(rule.flag, message)
-            fix = f"use {rule.flag} {value}"
+            shown = " ".join(map(str, value)) if isinstance(value, list) else value  # nargs="+" flags
+            fix = f"use {rule.flag} {shown}"
             raise _mismatch(rule.flag, getattr(args, rule.dest), desc, fix, path)
     _apply_query_groups(args, config, path, given)
     _apply_moe_layer_freq(args, config, path, given)

@@ -114,9 +114,17 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seq-length", type=int, default=None, help="Maximum sequence length to process.")
     g.add_argument(
         "--position-embedding-type",
-        choices=["learned_absolute", "rope", "none"],
+        choices=["learned_absolute", "rope", "mrope", "none"],
         default="learned_absolute",
-        help=f"Position embedding type (rope {_FROM_HF} when it has rope_theta).",
+        help=f"Position embedding type (rope {_FROM_HF} when it has rope_theta, mrope when it has "
+        "an mrope_section).",
+    )
+    g.add_argument(
+        "--mrope-section",
+        type=int,
+        nargs="+",
+        default=None,
+        help=f"Multimodal RoPE: the rotary pairs of the time, height and width positions ({_FROM_HF}).",
     )
     g.add_argument(
         "--use-rotary-position-embeddings",

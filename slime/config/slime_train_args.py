@@ -168,6 +168,12 @@ def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--custom-loss-function-path", type=str, default=None, help="Dotted path of a custom loss function."
     )
+    g.add_argument(
+        "--freeze-vision-tower",
+        action="store_true",
+        help="Vision-language models: keep the vision tower (visual.*) as loaded; only the language model "
+        "is trained (the tower gets no gradient buffer and no optimizer state).",
+    )
 
 
 def add_weight_sync_arguments(parser: argparse.ArgumentParser) -> None:

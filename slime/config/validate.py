@@ -317,6 +317,7 @@ def check_parallelism(args: argparse.Namespace) -> None:
     _check_shared_prompts(args)
     _check_sequence_parallel(args)
     _check_expert_parallel(args)
+    _check_vision_language(args)
 
 
 def _check_micro_batches(args: argparse.Namespace) -> None:
@@ -413,6 +414,25 @@ def _check_sequence_parallel(args: argparse.Namespace) -> None:
             "> 1 with --multi-latent-attention needs --sequence-parallel (megatron-core's MLA gradients "
             "are wrong without it; Transformer Engine, GPU only); add it, or split the model with "
             "--pipeline-model-parallel-size / --expert-model-parallel-size instead",
+        )
+
+
+def _check_vision_language(args: argparse.Namespace) -> None:
+    """A vision-language model (multimodal RoPE) on the layouts its megatron-core policy supports."""
+    if args.position_embedding_type != "mrope":
+        if args.freeze_vision_tower:
+            raise ConfigError(
+                "--freeze-vision-tower", "has no effect: the model has no vision tower; drop the flag"
+            )
+        return
+    if not args.mrope_section:
+        raise ConfigError(
+            "--mrope-section", "needed with --position-embedding-type mrope (config.json gives it)"
+        )
+    if args.pipeline_model_parallel_size > 1:
+        raise ConfigError(
+            "--pipeline-model-parallel-size",
+            f"{args.pipeline_model_parallel_size} is not supported for a vision-language model yet; use 1",
         )
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from slime.rollout.errors import RolloutError
 from slime.rollout.prompt_files import IMAGE_PLACEHOLDER, load_tokenizer
 
 if TYPE_CHECKING:
@@ -169,7 +170,7 @@ class VisionProcessor:
 
 
 def _source(item: Any) -> str:
-    return item["image"] if isinstance(item, dict) else item
+    return str(item["image"] if isinstance(item, dict) else item)
 
 
 @functools.lru_cache(maxsize=256)
@@ -225,10 +226,11 @@ def png_data_url(image: Any) -> str:
 
 def check_expanded_length(expected: int, reply: dict[str, Any], index: int | None) -> None:
     """The engine expanded the request's images to as many tokens as the rollout's processor did; a
-    difference means the engine resized the images otherwise, and the trainer would score other ids."""
+    difference means the engine resized the images otherwise, and the trainer would score other ids:
+    the run stops (``RolloutError``, one line), as every later request would differ too."""
     got = reply.get("meta_info", {}).get("prompt_tokens")
     if got is not None and int(got) != expected:
-        raise ImageError(
+        raise RolloutError(
             f"sample {index}: the engine expanded the prompt's images to {got} prompt tokens, the rollout's "
             f"processor to {expected}; the engine resizes images differently (SGLang: keep its image "
             "processor's min/max pixels those of the checkpoint's preprocessor_config.json)"

@@ -26,6 +26,11 @@ ROWS: dict[str, dict[str, object]] = {
     "qwen2.5-0.5B.sh": {"add_qkv_bias": True, "untie_embeddings_and_output_weights": False},
     "qwen2.5-7B.sh": {"add_qkv_bias": True},
     "qwen2.5-32B.sh": {"add_qkv_bias": True},
+    "qwen2.5-VL-7B.sh": {
+        "add_qkv_bias": True,
+        "position_embedding_type": "mrope",
+        "mrope_section": [16, 24, 24],
+    },
     "qwen3-0.6B.sh": {"qk_layernorm": True, "untie_embeddings_and_output_weights": False},
     "qwen3-4B.sh": {"qk_layernorm": True, "untie_embeddings_and_output_weights": False},
     "qwen3-8B.sh": {"qk_layernorm": True},

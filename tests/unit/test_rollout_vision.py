@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from slime.rollout.errors import RolloutError
 from slime.rollout.generate_utils import append_image_observation, prompt_ids, request_images
 from slime.rollout.sample import Sample
 from slime.rollout.train_data import samples_to_train_data
@@ -118,7 +119,7 @@ def test_the_request_carries_one_pad_per_image_and_the_resized_pngs(vlm: Path, i
 
 def test_the_engines_expanded_length_is_checked(vlm: Path) -> None:
     check_expanded_length(12, {"meta_info": {"prompt_tokens": 12}}, 0)
-    with pytest.raises(ImageError, match="sample 5: the engine expanded the prompt's images to 14"):
+    with pytest.raises(RolloutError, match="sample 5: the engine expanded the prompt's images to 14"):
         check_expanded_length(12, {"meta_info": {"prompt_tokens": 14}}, 5)
 
 

@@ -123,7 +123,7 @@ def test_vocab_padding_round_trips_and_tied_output_is_not_exported_twice():
 
 
 def test_unknown_architecture_lists_supported_ones():
-    with pytest.raises(ValueError, match="llama, qwen2, qwen2_moe, qwen3, qwen3_moe"):
+    with pytest.raises(ValueError, match="llama, qwen2, qwen2_5_vl, qwen2_moe, qwen3, qwen3_moe"):
         get_converter("gpt2", shape=shape())
 
 

@@ -18,17 +18,25 @@ Which samples share a micro-batch: ``--micro-batch-size`` consecutive samples, o
 ``--use-dynamic-batch-size`` bins of at most ``--max-tokens-per-gpu`` tokens, as many on every
 data-parallel rank (:func:`partition_by_token_budget`).
 
+A vision-language model (``mrope``, read from the HF config) gets three rows of RoPE positions per
+token (``mrope_positions``) and the images of each micro-batch: every sequence keeps the positions it
+has alone, in either layout and in a shared segment, and the row's images come in the order of their
+pad tokens, a shared prompt's once. Text and image samples mix freely; without ``mrope`` the text
+layout is as it always was.
+
 This module is pure torch (the Ray driver imports it); Megatron's side is ``packed_attention``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
+from slime.backends.megatron.mrope_positions import MropeConfig, image_spans, mrope_positions
 from slime.config.errors import ConfigError
 from slime.rollout.train_data import TrainData
 
@@ -37,6 +45,10 @@ REQUIRED_KEYS = (*SAMPLE_KEYS, "loss_weights")
 """What a rank's train data must hold: ``tokens`` (prompt + response ids), ``response_lengths``,
 ``loss_masks`` (one 0/1 per response token) and ``loss_weights`` (the factor that turns a sample's token
 sum into its share of the global loss; see ``slime.algorithms.aggregation``)."""
+MULTIMODAL_KEY = "multimodal_train_inputs"
+"""The optional per-sample key of a VLM's images: ``{"pixel_values": [patches, C*T*P*P],
+"image_grid_thw": [n_images, 3]}``, or None for a text sample (``Sample.multimodal_train_inputs``)."""
+IMAGE_KEYS = frozenset({"pixel_values", "image_grid_thw"})
 
 
 @dataclass
@@ -50,6 +62,7 @@ class MicroBatch:
 
     tokens: torch.Tensor
     position_ids: torch.Tensor
+    """int64 ``[b, s]``; for a VLM ``[3, b, s]``, the temporal, height and width rows (MRoPE)."""
     total_lengths: list[int]
     response_lengths: list[int]
     samples: TrainData
@@ -63,6 +76,15 @@ class MicroBatch:
     response_blocks: torch.Tensor | None = None
     """Packed with shared prompts only: per token of the row, 0 in a prompt (and in the padding) and
     ``i`` in the ``i``-th response of its segment, which attends to the prompt and to itself."""
+    pixel_values: torch.Tensor | None = None
+    """VLM only: the patches ``[sum of t*h*w, C*T*P*P]`` of the images whose pad tokens are in
+    ``tokens``, image after image in the order their pads occur (row by row; a shared prompt's once);
+    None when the micro-batch holds no image."""
+    image_grid_thw: torch.Tensor | None = None
+    """VLM only: int64 ``[n_images, 3]``, the grids of ``pixel_values``' images, in the same order."""
+    image_mask: torch.Tensor | None = None
+    """VLM only: bool ``[b, s]``, True at the image pad tokens the images' features replace (an image's
+    run after ``<|vision_start|>``; a pad the model sampled elsewhere is a token like any other)."""
 
     @property
     def packed(self) -> bool:
@@ -183,17 +205,109 @@ def make_micro_batches(
     pad_to_multiple: int = 1,
     pad_id: int = 0,
     share_prompts: bool = False,
+    mrope: MropeConfig | None = None,
 ) -> list[MicroBatch]:
     """One micro-batch per group of sample indices.
 
     A packed row is padded at its end to a multiple of ``pad_to_multiple`` (the tensor-parallel size,
     so that sequence parallelism can split it) with one extra segment that no sample reads. With
-    ``share_prompts`` the samples of a packed micro-batch that have the same prompt share it.
+    ``share_prompts`` the samples of a packed micro-batch that have the same prompt (and the same
+    images in it) share it. ``mrope``: the model is a VLM; the micro-batches get MRoPE positions and
+    the images of ``MULTIMODAL_KEY``.
     """
     check_train_data(data)
+    if mrope is None and any(inputs is not None for inputs in data.get(MULTIMODAL_KEY, ())):
+        raise ValueError("the train data holds images but the model is not a vision-language model")
     if packed:
-        return [_packed(data, group, device, pad_to_multiple, pad_id, share_prompts) for group in groups]
-    return [_padded(data, group, device, pad_id) for group in groups]
+        return [
+            _packed(data, group, device, pad_to_multiple, pad_id, share_prompts, mrope) for group in groups
+        ]
+    return [_padded(data, group, device, pad_id, mrope) for group in groups]
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """One sample alone: its positions (``[1, L]``, or ``[3, L]`` for a VLM), where its images' pads
+    lie and each image's grid and patches."""
+
+    positions: torch.Tensor
+    spans: list[tuple[int, int]]
+    grids: list[torch.Tensor]
+    pixels: list[torch.Tensor]
+
+    def images_in(self, start: int, end: int) -> list[int]:
+        """The images whose pads lie in ``[start, end)``; one cut by a bound is a data bug."""
+        if any(s < end and e > start and not start <= s < e <= end for s, e in self.spans):
+            raise ValueError(f"an image's pad tokens cross position {start} or {end} of the sequence")
+        return [i for i, (s, e) in enumerate(self.spans) if start <= s and e <= end]
+
+    def mask(self, start: int, end: int) -> torch.Tensor:
+        """Bool ``[end - start]``: True at the image pad tokens of ``[start, end)``."""
+        mask = torch.zeros(end - start, dtype=torch.bool)
+        for i in self.images_in(start, end):
+            mask[self.spans[i][0] - start : self.spans[i][1] - start] = True
+        return mask
+
+    def image_key(self, start: int, end: int) -> bytes:
+        """A digest of the images in ``[start, end)``: equal prompt ids may hold different pictures."""
+        digest = hashlib.sha256()
+        for i in self.images_in(start, end):
+            digest.update(self.grids[i].numpy().tobytes())
+            digest.update(self.pixels[i].numpy().tobytes())
+        return digest.digest()
+
+
+def _layouts(samples: TrainData, mrope: MropeConfig | None) -> list[_Layout]:
+    if mrope is None:
+        return [_Layout(torch.arange(len(seq))[None], [], [], []) for seq in samples["tokens"]]
+    layouts = []
+    for seq, inputs in zip(
+        samples["tokens"], samples.get(MULTIMODAL_KEY, [None] * len(samples["tokens"])), strict=True
+    ):
+        grids: torch.Tensor | None = None
+        pixels: torch.Tensor | None = None
+        if inputs is not None:
+            if set(inputs) - IMAGE_KEYS:
+                raise ValueError(
+                    f"only images are supported; a sample has {sorted(set(inputs) - IMAGE_KEYS)}"
+                )
+            grids = torch.as_tensor(inputs["image_grid_thw"], dtype=torch.long).reshape(-1, 3).cpu()
+            pixels = torch.as_tensor(inputs["pixel_values"]).cpu()
+            if pixels.shape[0] != int(grids.prod(-1).sum()):
+                raise ValueError(f"{pixels.shape[0]} patches for grids {grids.tolist()}")
+        layouts.append(
+            _Layout(
+                mrope_positions(seq, grids, **asdict(mrope)),
+                image_spans(seq, grids, **asdict(mrope)),
+                list(grids) if grids is not None else [],
+                list(pixels.split(grids.prod(-1).tolist()))
+                if pixels is not None and grids is not None
+                else [],
+            )
+        )
+    return layouts
+
+
+def _images(
+    pieces: list[tuple[_Layout, int, int]], device: torch.device
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``pixel_values`` and ``image_grid_thw`` of the images in the ``(sample, start, end)`` pieces of
+    a micro-batch, in the order the pieces lie in its rows; None, None without an image."""
+    chosen = [(layout, i) for layout, start, end in pieces for i in layout.images_in(start, end)]
+    if not chosen:
+        return None, None
+    pixels = torch.cat([layout.pixels[i] for layout, i in chosen])
+    grids = torch.stack([layout.grids[i] for layout, i in chosen])
+    return pixels.to(device), grids.to(device)
+
+
+def _image_mask(rows: list[list[torch.Tensor]], width: int, device: torch.device) -> torch.Tensor:
+    """Bool ``[len(rows), width]`` from each row's piece masks laid end to end (False after them)."""
+    mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    for row, pieces in enumerate(rows):
+        joined = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.bool)
+        mask[row, : len(joined)] = joined
+    return mask.to(device)
 
 
 def _select(data: TrainData, group: list[int]) -> TrainData:
@@ -209,14 +323,28 @@ def _responses(samples: TrainData) -> list[int]:
     return [token for seq, n in pairs for token in seq[-n:]]
 
 
-def _padded(data: TrainData, group: list[int], device: torch.device, pad_id: int) -> MicroBatch:
+def _padded(
+    data: TrainData, group: list[int], device: torch.device, pad_id: int, mrope: MropeConfig | None
+) -> MicroBatch:
     samples = _select(data, group)
     lengths = [len(t) for t in samples["tokens"]]
     responses = list(samples["response_lengths"])
     tokens = torch.full((len(group), max(lengths)), pad_id, dtype=torch.long)
     for row, seq in enumerate(samples["tokens"]):
         tokens[row, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
-    positions = torch.arange(tokens.shape[1]).unsqueeze(0).expand_as(tokens)
+    layouts = _layouts(samples, mrope)
+    # The padding after a sequence continues its positions (read by no real token under causal masking).
+    padding = [torch.arange(tokens.shape[1] - len(seq)) for seq in samples["tokens"]]
+    per_row = [
+        torch.cat([x.positions, (x.positions.max() + 1 + pad).expand(len(x.positions), -1)], 1)
+        for x, pad in zip(layouts, padding, strict=True)
+    ]
+    positions = torch.stack(per_row, 1) if mrope is not None else torch.cat(per_row)  # [3, b, s] or [b, s]
+    whole = [(x, 0, len(seq)) for x, seq in zip(layouts, samples["tokens"], strict=True)]
+    pixel_values, image_grid_thw = _images(whole, device)
+    image_mask = None
+    if pixel_values is not None:
+        image_mask = _image_mask([[x.mask(0, end)] for x, _, end in whole], tokens.shape[1], device)
     rows = [row for row, n in enumerate(responses) for _ in range(n)]
     pairs = zip(lengths, responses, strict=True)
     columns = [c for total, n in pairs for c in range(total - n - 1, total - 1)]
@@ -230,40 +358,60 @@ def _padded(data: TrainData, group: list[int], device: torch.device, pad_id: int
         predictor_rows=_long(rows, device),
         predictor_columns=_long(columns, device),
         targets=_long(_responses(samples), device),
+        pixel_values=pixel_values,
+        image_grid_thw=image_grid_thw,
+        image_mask=image_mask,
     )
 
 
-def prompt_segments(samples: TrainData, share: bool) -> list[list[int]]:
+def prompt_segments(
+    samples: TrainData, share: bool, image_keys: Sequence[bytes] | None = None
+) -> list[list[int]]:
     """The samples (positions in ``samples``) of each packed segment, in order of first appearance:
-    one sample each, or with ``share`` every sample of one prompt (its tokens before the response)."""
+    one sample each, or with ``share`` every sample of one prompt (its tokens before the response,
+    and ``image_keys[k]``, sample ``k``'s prompt images, when given)."""
     if not share:
         return [[k] for k in range(len(samples["tokens"]))]
-    by_prompt: dict[tuple[int, ...], list[int]] = {}
+    by_prompt: dict[tuple[tuple[int, ...], bytes], list[int]] = {}
     for k, (seq, n) in enumerate(zip(samples["tokens"], samples["response_lengths"], strict=True)):
-        by_prompt.setdefault(tuple(seq[: len(seq) - n]), []).append(k)
+        key = (tuple(seq[: len(seq) - n]), image_keys[k] if image_keys is not None else b"")
+        by_prompt.setdefault(key, []).append(k)
     return list(by_prompt.values())
 
 
 def _packed(
-    data: TrainData, group: list[int], device: torch.device, multiple: int, pad_id: int, share: bool
+    data: TrainData,
+    group: list[int],
+    device: torch.device,
+    multiple: int,
+    pad_id: int,
+    share: bool,
+    mrope: MropeConfig | None,
 ) -> MicroBatch:
     samples = _select(data, group)
     tokens, responses = samples["tokens"], list(samples["response_lengths"])
+    layouts = _layouts(samples, mrope)
+    prompts = [len(seq) - n for seq, n in zip(tokens, responses, strict=True)]
+    with_images = share and mrope is not None
+    keys = [x.image_key(0, p) for x, p in zip(layouts, prompts, strict=True)] if with_images else None
     flat: list[int] = []
-    positions: list[int] = []
+    positions: list[torch.Tensor] = []  # [1 or 3, n] pieces: each sequence's own positions
+    pieces: list[tuple[_Layout, int, int]] = []  # what of which sample the row holds, in order
     blocks: list[int] = []
     segments: list[int] = []
     predictors: list[list[int]] = [[] for _ in tokens]
-    for members in prompt_segments(samples, share):
+    for members in prompt_segments(samples, share, keys):
         start = len(flat)
-        prompt = len(tokens[members[0]]) - responses[members[0]]
+        prompt = prompts[members[0]]
         flat += tokens[members[0]][:prompt]
-        positions += range(prompt)
+        positions.append(layouts[members[0]].positions[:, :prompt])
+        pieces.append((layouts[members[0]], 0, prompt))
         blocks += [0] * prompt
         for block, k in enumerate(members, 1):
             at = len(flat)
             flat += tokens[k][prompt:]
-            positions += range(prompt, len(tokens[k]))
+            positions.append(layouts[k].positions[:, prompt:])
+            pieces.append((layouts[k], prompt, len(tokens[k])))
             blocks += [block] * responses[k]
             predictors[k] = [start + prompt - 1, *range(at, at + responses[k] - 1)]
         segments.append(len(flat) - start)
@@ -271,14 +419,19 @@ def _packed(
     if pad:
         segments.append(pad)
         flat += [pad_id] * pad
-        positions += range(pad)
+        positions.append(torch.arange(pad).expand(len(positions[0]), pad))
         blocks += [0] * pad
+    row = torch.cat(positions, 1)
+    pixel_values, image_grid_thw = _images(pieces, device)
+    image_mask = None
+    if pixel_values is not None:
+        image_mask = _image_mask([[x.mask(a, b) for x, a, b in pieces]], len(flat), device)
     bounds = torch.tensor([0, *segments], dtype=torch.int32).cumsum(0, dtype=torch.int32)
     shared = len(segments) - bool(pad) < len(tokens)
     columns = [c for per_sample in predictors for c in per_sample]
     return MicroBatch(
         tokens=torch.tensor([flat], dtype=torch.long).to(device),
-        position_ids=torch.tensor([positions], dtype=torch.long).to(device),
+        position_ids=(row[:, None] if mrope is not None else row).to(device),  # [3, 1, T] or [1, T]
         total_lengths=[len(t) for t in tokens],
         response_lengths=responses,
         samples=samples,
@@ -289,6 +442,9 @@ def _packed(
         cu_seqlens=bounds.to(device),
         max_seqlen=max(segments),
         response_blocks=_long(blocks, device) if shared else None,
+        pixel_values=pixel_values,
+        image_grid_thw=image_grid_thw,
+        image_mask=image_mask,
     )
 
 
@@ -308,9 +464,14 @@ def pad_to_shape(batch: MicroBatch, rows: int, length: int, pad_id: int = 0) -> 
         raise ValueError("a packed micro-batch is one row")
     device = batch.tokens.device
     tokens = torch.nn.functional.pad(batch.tokens, (0, extra_cols, 0, extra_rows), value=pad_id)
+    if batch.image_mask is not None:
+        wider_mask = torch.nn.functional.pad(batch.image_mask, (0, extra_cols, 0, extra_rows))
+        batch = replace(batch, image_mask=wider_mask)
+    vlm = batch.position_ids.dim() == 3  # [3, b, s]
     if batch.packed:
         assert batch.cu_seqlens is not None  # what packed means
-        positions = torch.cat([batch.position_ids, torch.arange(extra_cols, device=device)[None]], dim=1)
+        extra = torch.arange(extra_cols, device=device).expand(*batch.position_ids.shape[:-1], extra_cols)
+        positions = torch.cat([batch.position_ids, extra], dim=-1)
         bounds = torch.cat([batch.cu_seqlens, batch.cu_seqlens[-1:] + extra_cols])
         blocks = batch.response_blocks
         if blocks is not None:
@@ -319,8 +480,15 @@ def pad_to_shape(batch: MicroBatch, rows: int, length: int, pad_id: int = 0) -> 
             batch, tokens=tokens, position_ids=positions, cu_seqlens=bounds,
             max_seqlen=max(batch.max_seqlen, extra_cols), response_blocks=blocks,
         )  # fmt: skip
-    positions = torch.arange(length, device=device).expand(rows, length)
-    return replace(batch, tokens=tokens, position_ids=positions)
+    if not vlm:
+        positions = torch.arange(length, device=device).expand(rows, length)
+        return replace(batch, tokens=tokens, position_ids=positions)
+    # Each row's padding continues its positions, as in ``make_micro_batches``; new rows count from 0.
+    last = batch.position_ids.amax(dim=(0, 2), keepdim=True)  # [1, b, 1]
+    after = (last + 1 + torch.arange(extra_cols, device=device)).expand(3, -1, -1)
+    wider = torch.cat([batch.position_ids, after], dim=2)
+    new_rows = torch.arange(length, device=device).expand(3, extra_rows, length)
+    return replace(batch, tokens=tokens, position_ids=torch.cat([wider, new_rows], dim=1))
 
 
 def interleaved_count(count: int, num_samples: int, pipeline_size: int) -> int:

@@ -22,6 +22,7 @@ from megatron.core.transformer.moe import moe_utils
 from slime.backends.megatron.config import ddp_config, optimizer_config, padded_vocab_size
 from slime.backends.megatron.packed_attention import PackedDotProductAttention, use_batched_thd_rope
 from slime.backends.megatron.post_norm_layer import with_post_norms
+from slime.backends.megatron.vision import VisionLanguageModel, freeze_vision_tower, load_vlm_config
 from slime.config.settings.trainer import ModelSettings, TrainerSettings
 
 if not moe_utils.HAVE_TE:
@@ -76,11 +77,12 @@ def build_model_chunks(
     next). megatron-core puts its parallel layers there itself, but not the norms of the local spec."""
     num_vp = settings.virtual_stages
     config.virtual_pipeline_model_parallel_size = num_vp
+    model_class, vision = _model_class(settings, config)
     chunks = []
     for vp_stage in range(num_vp or 1):
         stage = vp_stage if num_vp else None
         chunks.append(
-            GPTModel(
+            model_class(
                 config=config,
                 transformer_layer_spec=_layer_spec(settings.model, config, stage),
                 vocab_size=padded_vocab_size(settings),
@@ -95,9 +97,25 @@ def build_model_chunks(
                 rope_scaling=settings.model.use_rope_scaling,
                 rope_scaling_factor=settings.model.rope_scaling_factor,
                 vp_stage=stage,
+                **vision,
             ).to(device)
         )
+    if vision and settings.model.freeze_vision_tower:
+        freeze_vision_tower(chunks)
     return chunks
+
+
+def _model_class(settings: TrainerSettings, config: TransformerConfig) -> tuple[type[GPTModel], dict]:
+    """GPTModel, or for multimodal RoPE (Qwen2.5-VL) the vision-language model and the tower's config
+    from ``--hf-checkpoint``. Its RoPE frequencies are per token, which the fused THD RoPE kernel
+    (per position) cannot take."""
+    if settings.model.position_embedding_type != "mrope":
+        return GPTModel, {}
+    hf_config = load_vlm_config(settings.checkpoint.hf_checkpoint)
+    config.mrope_section = list(settings.model.mrope_section or [])
+    config.apply_rope_fusion = False
+    vision = {"vision_config": hf_config.vision_config, "image_token_id": hf_config.image_token_id}
+    return VisionLanguageModel, vision
 
 
 def wrap_for_training(

@@ -129,7 +129,7 @@ class PackedRows:
     """Where each token of a packed row goes in the right-padded ``[max_len, num_seqs]`` layout."""
 
     cu_seqlens: torch.Tensor  # the boundaries these rows were computed from
-    position: torch.Tensor  # [T]: each packed token's RoPE position
+    position: torch.Tensor | None  # [T]: each packed token's RoPE position; None: MRoPE's, per token
     index: torch.Tensor  # [T]: offset in its segment * num_seqs + segment, per packed token
     max_len: int
     num_seqs: int
@@ -140,9 +140,9 @@ class PackedRows:
 def rows_of(
     cu_seqlens: torch.Tensor, positions: torch.Tensor | None = None, blocks: torch.Tensor | None = None
 ) -> PackedRows:
-    """The padded layout of ``cu_seqlens``'s segments; given the tokens' ``positions`` and response
-    ``blocks`` (``MicroBatch.response_blocks``), also the mask of their shared prompts: a query sees
-    the keys at or before it that are in a prompt or in its own response."""
+    """The padded layout of ``cu_seqlens``'s segments; given the tokens' ``positions`` (None for
+    multimodal RoPE) and response ``blocks`` (``MicroBatch.response_blocks``), also the mask of their
+    shared prompts: a query sees the keys at or before it that are in a prompt or in its own response."""
     lengths = cu_seqlens[1:] - cu_seqlens[:-1]
     num_seqs = len(lengths)
     sequence = torch.repeat_interleave(torch.arange(num_seqs, device=cu_seqlens.device), lengths)
@@ -151,7 +151,6 @@ def rows_of(
     max_len = int(lengths.max())
     if blocks is None:
         return PackedRows(cu_seqlens, offset, index, max_len, num_seqs)
-    assert positions is not None  # the shared-prompt mask needs the tokens' positions
     padded = blocks.new_zeros(max_len * num_seqs).index_copy(0, index, blocks).view(max_len, num_seqs).T
     columns = torch.arange(max_len, device=blocks.device)
     later = columns[None, :] > columns[:, None]
@@ -185,7 +184,9 @@ def shared_prompt_layouts(batches: Sequence[MicroBatch]) -> Iterator[None]:
     for batch in batches:
         if batch.response_blocks is not None:
             assert batch.cu_seqlens is not None  # response blocks only in a packed micro-batch
-            rows = rows_of(batch.cu_seqlens, batch.position_ids[0], batch.response_blocks)
+            # A VLM's [3, b, s] positions become one RoPE frequency per token in the model itself.
+            positions = batch.position_ids[0] if batch.position_ids.dim() == 2 else None
+            rows = rows_of(batch.cu_seqlens, positions, batch.response_blocks)
             _shared_rows[id(batch.cu_seqlens)] = rows
     try:
         yield
@@ -220,9 +221,11 @@ def use_batched_thd_rope() -> None:
         cp_group=None,
     ):
         rows = packed_rows(cu_seqlens)
-        # A shared prompt's positions are the layout's (context parallelism is refused with it).
-        if not rows.shared and (
-            cp_group is None or cp_group.size() > 1 or freqs.size(0) == int(cu_seqlens[-1])
+        # A shared prompt's positions are the layout's (context parallelism is refused with it);
+        # multimodal RoPE's frequencies are the tokens' own already, which megatron-core's takes.
+        if rows.position is None or (
+            not rows.shared
+            and (cp_group is None or cp_group.size() > 1 or freqs.size(0) == int(cu_seqlens[-1]))
         ):
             return baseline(
                 t, cu_seqlens, freqs, rotary_interleaved, multi_latent_attention, mscale, cp_group

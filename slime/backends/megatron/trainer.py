@@ -45,6 +45,7 @@ from slime.backends.megatron.hf_checkpoint import (
 from slime.backends.megatron.logprobs import token_logprobs_and_entropy
 from slime.backends.megatron.loss import LossFn, build_loss_fn, old_log_probs_are_current
 from slime.backends.megatron.model import build_model_chunks, build_optimizer, wrap_for_training
+from slime.backends.megatron.mrope_positions import read_mrope_config
 from slime.backends.megatron.offload import TrainerMemory
 from slime.backends.megatron.packed_attention import packed_seq_params, shared_prompt_layouts
 from slime.backends.megatron.value_head import attach_value_heads
@@ -134,6 +135,8 @@ class MegatronTrainer:
 
         self.config = transformer_config(settings)
         self.converter = converter_for(settings)
+        # A vision-language model: its micro-batches carry 3-D RoPE positions and the images' patches.
+        self.mrope = read_mrope_config(settings.checkpoint.hf_checkpoint)
         chunks = build_model_chunks(settings, self.config, self.device)
         gated = settings.model.swiglu
         load_hf_weights(chunks, settings.checkpoint.hf_checkpoint, self.converter, gated=gated)
@@ -205,6 +208,7 @@ class MegatronTrainer:
             packed=batching.qkv_format == "thd",
             pad_to_multiple=mpu.get_tensor_model_parallel_world_size(),
             share_prompts=batching.share_prompts_in_train,
+            mrope=self.mrope,
         )
         if interleaved:
             rows = max(b.tokens.shape[0] for b in batches)
@@ -229,7 +233,16 @@ class MegatronTrainer:
 
         def forward_step(iterator, model):
             batch = next(iterator)
-            output = model(batch.tokens, batch.position_ids, None, packed_seq_params=packed_seq_params(batch))
+            images = {}  # a VLM's micro-batch with images only: text models get the plain call
+            if batch.pixel_values is not None:
+                images = {
+                    "pixel_values": batch.pixel_values,
+                    "image_grid_thw": batch.image_grid_thw,
+                    "image_mask": batch.image_mask,
+                }
+            output = model(
+                batch.tokens, batch.position_ids, None, packed_seq_params=packed_seq_params(batch), **images
+            )
             outputs_of = self._response_outputs(batch, with_entropy)
 
             def scaled_loss(logits):

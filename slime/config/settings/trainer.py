@@ -53,6 +53,10 @@ class ModelSettings:
     rotary_base: int
     use_rope_scaling: bool
     rope_scaling_factor: float
+    mrope_section: list[int] | None
+    """Multimodal RoPE's (``mrope``) rotary pairs per time / height / width position."""
+    # Vision-language models (``mrope``: the vision tower is built from --hf-checkpoint's vision_config).
+    freeze_vision_tower: bool
     # Multi-latent attention (DeepSeek); YaRN's fields left None keep megatron-core's defaults.
     multi_latent_attention: bool
     q_lora_rank: int | None

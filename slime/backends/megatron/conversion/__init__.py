@@ -6,12 +6,14 @@ from slime.backends.megatron.conversion.base import ModelConverter
 from slime.backends.megatron.conversion.deepseek_moe import DeepSeekMoeConverter, DeepSeekV3Converter
 from slime.backends.megatron.conversion.glm4 import Glm4Converter
 from slime.backends.megatron.conversion.llama_like import LlamaLikeConverter
+from slime.backends.megatron.conversion.qwen2_5_vl import Qwen2_5_VLConverter
 from slime.backends.megatron.conversion.qwen3_moe import Qwen3MoeConverter
 
 _CONVERTERS: dict[str, type[ModelConverter]] = {
     "llama": LlamaLikeConverter,
     "qwen2": LlamaLikeConverter,
     "qwen3": LlamaLikeConverter,
+    "qwen2_5_vl": Qwen2_5_VLConverter,
     "qwen2_moe": Qwen3MoeConverter,
     "qwen3_moe": Qwen3MoeConverter,
     "glm4": Glm4Converter,

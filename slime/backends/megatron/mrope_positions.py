@@ -37,16 +37,15 @@ class MropeConfig:
     image_token_id: int
     vision_start_token_id: int
     spatial_merge_size: int
-    video_token_id: int | None = None
-    """Only to refuse videos clearly: a sequence that holds this id has a video."""
 
 
 def mrope_config(hf_config: dict[str, Any]) -> MropeConfig | None:
     """The MRoPE ids of an HF ``config.json`` (as a dict); None for a text model (no ``vision_config``).
 
-    Qwen2.5-VL keeps ``image_token_id``, ``vision_start_token_id`` and ``video_token_id`` at the top
-    level and ``spatial_merge_size`` in ``vision_config``; another VLM is refused rather than given
-    positions it was not trained with."""
+    Qwen2.5-VL keeps ``image_token_id`` and ``vision_start_token_id`` at the top level and
+    ``spatial_merge_size`` in ``vision_config``; another VLM is refused rather than given positions it
+    was not trained with. Videos are not read (``--multimodal-keys`` takes images): a video pad in a
+    sequence was sampled by the policy and is a token with a text position, as the engine gave it."""
     if "vision_config" not in hf_config:
         return None
     model_type = hf_config.get("model_type")
@@ -61,7 +60,6 @@ def mrope_config(hf_config: dict[str, Any]) -> MropeConfig | None:
         image_token_id=int(hf_config["image_token_id"]),
         vision_start_token_id=int(hf_config["vision_start_token_id"]),
         spatial_merge_size=int(hf_config["vision_config"]["spatial_merge_size"]),
-        video_token_id=hf_config.get("video_token_id"),
     )
 
 
@@ -89,15 +87,12 @@ def _image_blocks(
     image_token_id: int,
     vision_start_token_id: int,
     spatial_merge_size: int,
-    video_token_id: int | None,
 ) -> list[tuple[int, int, tuple[int, int, int]]]:
     """``(start, end, merged grid)`` of each image's pad tokens in ``ids``, in the order of
     ``image_grid_thw``.
 
     Fails when the pads do not match the grids: fewer image blocks than images, or a block whose length
     is not its image's ``t*h*w / merge**2`` (a processor and a tokenizer that disagree)."""
-    if video_token_id is not None and bool((ids == video_token_id).any()):
-        raise ValueError("the sequence holds video tokens; only images are supported")
     if image_grid_thw is None:
         return []
     sizes = _grid_sizes(image_grid_thw, spatial_merge_size)
@@ -125,16 +120,13 @@ def mrope_positions(
     image_token_id: int,
     vision_start_token_id: int,
     spatial_merge_size: int,
-    video_token_id: int | None = None,
 ) -> torch.Tensor:
     """int64 ``[3, len(tokens)]``: the temporal, height and width positions of one sequence.
 
     ``image_grid_thw`` (``[n_images, 3]``, None or empty for a text sequence, which then gets
     ``arange`` in all three rows) gives the sequence's images in the order their pads occur."""
     ids = torch.as_tensor(tokens, dtype=torch.long).flatten()
-    blocks = _image_blocks(
-        ids, image_grid_thw, image_token_id, vision_start_token_id, spatial_merge_size, video_token_id
-    )
+    blocks = _image_blocks(ids, image_grid_thw, image_token_id, vision_start_token_id, spatial_merge_size)
     positions = torch.empty(3, len(ids), dtype=torch.long)
     offset, text_from = 0, 0  # the next text position; where the current text run starts
     for start, end, (t, h, w) in blocks:
@@ -155,12 +147,9 @@ def image_spans(
     image_token_id: int,
     vision_start_token_id: int,
     spatial_merge_size: int,
-    video_token_id: int | None = None,
 ) -> list[tuple[int, int]]:
     """``[start, end)`` of each image's pad tokens in ``tokens``, in the order of ``image_grid_thw``:
     which images a slice of the sequence holds (the batching puts a shared prompt's images once)."""
     ids = torch.as_tensor(tokens, dtype=torch.long).flatten()
-    blocks = _image_blocks(
-        ids, image_grid_thw, image_token_id, vision_start_token_id, spatial_merge_size, video_token_id
-    )
+    blocks = _image_blocks(ids, image_grid_thw, image_token_id, vision_start_token_id, spatial_merge_size)
     return [(start, end) for start, end, _ in blocks]

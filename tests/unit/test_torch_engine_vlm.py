@@ -422,3 +422,54 @@ def test_retracted_and_aborted_image_requests_keep_their_images(
     assert aborted["output_ids"] == reference["output_ids"][: len(aborted["output_ids"])]
     again = served.generate(**{**body, "sampling_params": GREEDY})
     assert again["output_ids"] == reference["output_ids"][:6]
+
+
+def test_a_multi_turn_sample_holds_exactly_the_ids_the_engine_saw(served: Served, model_dir: Path) -> None:
+    """Two model turns with a picture shown in between, through the rollout's own helpers: the sample's
+    ids are the engine's expanded input (read back as its input_token_logprobs), and the log-probs
+    recorded at sampling time are the engine's log-probs of those tokens in the whole sequence."""
+    import argparse
+
+    from slime.rollout.generate_utils import (
+        append_image_observation,
+        append_model_turn,
+        generate_turn,
+        prompt_ids,
+        request_images,
+    )
+    from slime.rollout.sample import Sample
+    from slime.rollout.vision import vision_processor
+
+    args = argparse.Namespace(
+        hf_checkpoint=str(model_dir), sglang_router_ip="127.0.0.1", sglang_router_port=served.port
+    )
+    sample = Sample(index=0, prompt=PROMPT.replace(f"{VISION_START}{IMAGE_PAD}{VISION_END}", "<image>"))
+    sample.multimodal_inputs = {"image": [data_url("red")]}
+    sample.tokens = prompt_ids(args, sample)
+
+    async def two_turns() -> None:
+        for observation in (True, False):
+            turn = await generate_turn(args, sample.tokens, dict(GREEDY), images=request_images(args, sample))
+            append_model_turn(sample, turn)
+            if observation:
+                append_image_observation(
+                    args, sample, "<|im_start|>user\n<image>same?<|im_end|>\n", [data_url("blue")]
+                )
+
+    asyncio.run(two_turns())
+    assert sample.status is Sample.Status.TRUNCATED and len(sample.multimodal_inputs["image"]) == 2
+    processor = vision_processor(str(model_dir))
+    reply = served.generate(
+        input_ids=processor.collapse(sample.tokens, 2),
+        image_data=request_images(args, sample),
+        sampling_params={"max_new_tokens": 1, "temperature": 0.0},
+        return_logprob=True,
+        logprob_start_len=0,
+    )
+    seen = reply["meta_info"]["input_token_logprobs"]
+    assert [entry[1] for entry in seen] == sample.tokens
+    trained = [i for i, m in enumerate(sample.loss_mask) if m]
+    assert len(trained) == 2 * GREEDY["max_new_tokens"]
+    start = sample.prompt_length
+    whole = [seen[start + i][0] for i in trained]
+    assert whole == pytest.approx([sample.rollout_log_probs[i] for i in trained], abs=1e-5)

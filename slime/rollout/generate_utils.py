@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import contextvars
 import functools
+import logging
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -49,6 +50,8 @@ from slime.rollout.prompt_files import load_tokenizer, render_chat
 from slime.rollout.sample import Sample
 from slime.rollout.vision import ImageError, check_expanded_length, png_data_url, vision_processor
 from slime.utils.http import HttpError
+
+logger = logging.getLogger(__name__)
 
 _FINISH_STATUS = {
     "stop": Sample.Status.COMPLETED,
@@ -435,7 +438,9 @@ def append_model_turn(sample: Sample, turn: Turn) -> None:
         sample.turn_spans.append((start, sample.response_length))
     sample.status = turn.status
     if turn.status is Sample.Status.FAILED:  # the turn could not be sent (an image token out of place)
-        sample.metadata.setdefault("error", turn.finish_reason.get("message", "failed"))
+        reason = turn.finish_reason.get("message", "failed")
+        logger.warning("sample %s failed (not trained): %s", sample.index, reason)
+        sample.metadata.setdefault("error", reason)
     if turn.context_capped:
         sample.metadata["context_capped"] = True
     if sample.finished and not sample.response_length:  # e.g. a prompt that fills the context

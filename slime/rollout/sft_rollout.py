@@ -11,6 +11,7 @@ them, so an SFT warm start and the RL run that follows see the same prompt forma
 from __future__ import annotations
 
 import argparse
+import logging
 
 from slime.config.settings.data import DataSettings
 from slime.rollout.data_source import DataSource
@@ -21,6 +22,8 @@ from slime.rollout.prompt_files import DataError
 from slime.rollout.sample import Sample
 from slime.rollout.vision import ImageError
 
+logger = logging.getLogger(__name__)
+
 
 def build_sft_sample(args: argparse.Namespace, sample: Sample) -> Sample:
     """Tokens, response length and loss mask of one prompt/response pair (the label is the response)."""
@@ -30,6 +33,7 @@ def build_sft_sample(args: argparse.Namespace, sample: Sample) -> Sample:
     try:
         prompt = prompt_ids(args, sample)
     except ImageError as error:  # left out of the loss, named in the log; the other pairs train
+        logger.warning("sample %s failed (not trained): %s", sample.index, error)
         sample.tokens = [0, 0]  # any two ids: a FAILED stub is never trained
         fail_without_response(sample, f"sample {sample.index}: {error}")
         return sample

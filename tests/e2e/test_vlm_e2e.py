@@ -22,7 +22,8 @@ COLOURS = {"red": (220, 30, 30), "green": (30, 180, 60), "blue": (40, 60, 220), 
 
 @pytest.fixture(scope="module")
 def vlm_task(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The tiny VLM and four prompts, each a coloured square (56x56: four image tokens) and a question."""
+    """The tiny VLM and four prompts, each a coloured square (56x56: four image tokens) and a question;
+    the second's picture is a truncated PNG (it exists, so the reader takes it; it cannot be decoded)."""
     from PIL import Image, ImageDraw
 
     from tools.make_tiny_model import make_tiny_model
@@ -36,6 +37,8 @@ def vlm_task(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         ImageDraw.Draw(image).rectangle([14, 14, 41, 41], fill=rgb)
         image.save(root / "images" / f"{name}.png")
         rows.append({"input": "<image>colour?", "images": [f"images/{name}.png"], "label": name})
+    green = root / "images" / "green.png"
+    green.write_bytes(green.read_bytes()[:40])
     prompts = root / "train.jsonl"
     prompts.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return model, prompts
@@ -90,10 +93,12 @@ def test_grpo_on_the_tiny_vlm_is_on_policy_and_the_vision_tower_reaches_every_en
     with TrainingSession(RunSettings.from_args(args)) as session, RolloutLoop(session) as loop:
         for rollout_id in loop.rollout_ids():  # train.py's order of events
             batch = loop.generate(rollout_id)
-            images = batch.data["multimodal_train_inputs"]
-            assert len(images) == len(batch.data["tokens"]) and all(
-                item["image_grid_thw"].tolist() == [[1, 4, 4]] for item in images
-            )
+            images, valid = batch.data["multimodal_train_inputs"], batch.data["valid_rewards"]
+            # The broken picture's group failed (no image, nothing trained); the run went on.
+            assert valid == [True, True, False, False, True, True, True, True]
+            assert [item is None for item in images] == [not v for v in valid]
+            assert all(item["image_grid_thw"].tolist() == [[1, 4, 4]] for item in images if item is not None)
+            assert batch.data["loss_masks"][2] == [0] * len(batch.data["loss_masks"][2])
             session.hand_gpus_to_trainer()
             metrics = loop.train(batch)
             if rollout_id == 0:

@@ -22,6 +22,7 @@ from slime.rollout.generate_utils import (
     cached_tokenizer,
     generate_turn,
     remaining_tokens,
+    request_images,
     start_sample,
 )
 from slime.rollout.plugin_args import rollout_settings, router_url, tokenizer_path
@@ -80,8 +81,11 @@ async def generate(args: argparse.Namespace, sample: Sample, sampling_params: di
     ``max_new_tokens`` is the budget of the whole response, so a resumed sample gets what is left;
     unlike upstream, ``sampling_params`` is not modified."""
     start_sample(args, sample)
+    if sample.finished:  # a prompt image that cannot be decoded
+        return sample
     params = {**sampling_params, "max_new_tokens": remaining_tokens(sample, sampling_params)}
-    append_model_turn(sample, await generate_turn(args, sample.tokens, params, sample.index))
+    images = request_images(args, sample)
+    append_model_turn(sample, await generate_turn(args, sample.tokens, params, sample.index, images=images))
     return sample
 
 

@@ -186,9 +186,23 @@ def env_token_ids(args: argparse.Namespace, text: str) -> list[int]:
 
 
 def start_sample(args: argparse.Namespace, sample: Sample) -> None:
-    """Puts the prompt's ids in ``tokens`` unless already there (a resumed partial response keeps its own)."""
+    """Puts the prompt's ids in ``tokens`` unless already there (a resumed partial response keeps its own).
+    A prompt image that cannot be decoded leaves the sample FAILED (``fail_on_image``): check
+    ``sample.finished`` before generating."""
     if not sample.tokens:
-        sample.tokens = prompt_ids(args, sample)
+        try:
+            sample.tokens = prompt_ids(args, sample)
+        except ImageError as error:
+            fail_on_image([sample], error)
+
+
+def fail_on_image(samples: list[Sample], error: ImageError) -> None:
+    """Samples whose prompt images cannot be processed: FAILED (two-token stubs, never trained), named
+    in a warning and in ``metadata["error"]``; the rollout goes on."""
+    logger.warning("samples %s failed (not trained): %s", [s.index for s in samples], error)
+    for sample in samples:
+        sample.tokens = [0, 0]  # any two ids: a FAILED stub is never trained
+        fail_without_response(sample, f"sample {sample.index}: {error}")
 
 
 def remaining_tokens(sample: Sample, sampling_params: dict[str, Any]) -> int:

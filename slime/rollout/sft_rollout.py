@@ -11,18 +11,15 @@ them, so an SFT warm start and the RL run that follows see the same prompt forma
 from __future__ import annotations
 
 import argparse
-import logging
 
 from slime.config.settings.data import DataSettings
 from slime.rollout.data_source import DataSource
-from slime.rollout.generate_utils import cached_tokenizer, fail_without_response, prompt_ids
+from slime.rollout.generate_utils import cached_tokenizer, fail_on_image, prompt_ids
 from slime.rollout.output import RolloutOutput
 from slime.rollout.plugin_args import settings_of, tokenizer_path
 from slime.rollout.prompt_files import DataError
 from slime.rollout.sample import Sample
 from slime.rollout.vision import ImageError
-
-logger = logging.getLogger(__name__)
 
 
 def build_sft_sample(args: argparse.Namespace, sample: Sample) -> Sample:
@@ -33,9 +30,7 @@ def build_sft_sample(args: argparse.Namespace, sample: Sample) -> Sample:
     try:
         prompt = prompt_ids(args, sample)
     except ImageError as error:  # left out of the loss, named in the log; the other pairs train
-        logger.warning("sample %s failed (not trained): %s", sample.index, error)
-        sample.tokens = [0, 0]  # any two ids: a FAILED stub is never trained
-        fail_without_response(sample, f"sample {sample.index}: {error}")
+        fail_on_image([sample], error)
         return sample
     response = tokenizer(sample.label, add_special_tokens=False)["input_ids"]
     if tokenizer.eos_token_id is not None:

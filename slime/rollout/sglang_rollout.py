@@ -64,7 +64,7 @@ from slime.rollout.generate_utils import (
     RolloutContext,
     append_model_turn,
     complete_generated,
-    fail_without_response,
+    fail_on_image,
     generate_turns,
     mask_offpolicy_turns,
     parse_reply,
@@ -223,10 +223,7 @@ class RolloutClient:
             try:
                 shared = prompt_ids(self.args, fresh[0])  # once per group: the samples share the prompt
             except ImageError as error:  # the group's images: every sample of it fails, the rollout goes on
-                logger.warning("samples %s failed (not trained): %s", [s.index for s in fresh], error)
-                for sample in fresh:
-                    sample.tokens = [0, 0]  # any two ids: a FAILED stub is never trained
-                    fail_without_response(sample, f"sample {sample.index}: {error}")
+                fail_on_image(fresh, error)
                 todo = [sample for sample in todo if not sample.finished]
                 fresh = []
             for sample in fresh:

@@ -26,6 +26,11 @@
    refusal) within a poll interval and, without one, at its deadline with one line naming the peer;
    the work's future, done when the kernel is enqueued, must not end the wait.
 
+6. A vision-language model (the tiny Qwen2.5-VL): one bf16 megatron-core step on a picture prompt
+   processed by the rollout's own processor (vision tower changed with the language model), and the
+   torch engine on CUDA generating from the same picture sent as SGLang's ``image_data``, its prompt
+   expanded to the rollout's length. ``--only vlm`` runs these alone.
+
 Without CUDA every check is skipped (exit 0) and says so.
 """
 
@@ -53,9 +58,12 @@ def tiny_model(root: Path) -> Path:
     return make_tiny_model(root / "qwen2")
 
 
-def check_megatron_bf16(model: Path, root: Path, model_flags: list[str] | None = None) -> dict[str, float]:
+def check_megatron_bf16(
+    model: Path, root: Path, model_flags: list[str] | None = None, image: str | None = None
+) -> dict[str, float]:
     """One bf16 SFT step of megatron-core on CUDA (NCCL world of one) through ``MegatronTrainer``;
-    ``model_flags`` default to the tiny Qwen2 script's ([]: every model flag from config.json)."""
+    ``model_flags`` default to the tiny Qwen2 script's ([]: every model flag from config.json). With
+    ``image`` (a VLM) every sample's prompt shows that picture, processed as the rollout does."""
     from slime.backends.megatron.policy_inputs import step_shard
     from slime.backends.megatron.trainer import MegatronTrainer
     from slime.config import parse_args
@@ -82,11 +90,17 @@ def check_megatron_bf16(model: Path, root: Path, model_flags: list[str] | None =
     trainer = MegatronTrainer(settings, args, 0, 1, "127.0.0.1", free_port())
     try:
         gen = torch.Generator().manual_seed(0)
-        data = {"tokens": [], "response_lengths": [], "loss_masks": []}
+        data: dict[str, list] = {"tokens": [], "response_lengths": [], "loss_masks": []}
+        prompt, pictures = [], None
+        if image is not None:
+            prompt, pictures = vlm_prompt(model, image)
+            data["multimodal_train_inputs"] = []
         for i in range(4):
-            data["tokens"].append(torch.randint(3, 40, (12 + i,), generator=gen).tolist())
+            data["tokens"].append(prompt + torch.randint(3, 40, (12 + i,), generator=gen).tolist())
             data["response_lengths"].append(4)
             data["loss_masks"].append([1] * 4)
+            if pictures is not None:
+                data["multimodal_train_inputs"].append(pictures)
         # as a trainer rank prepares its shard
         data = step_shard(data, 0, 1, 0, 1, settings.loss.loss_agg_mode)
         before = {name: t.clone() for name, t in trainer.iter_hf_weights()}
@@ -108,6 +122,74 @@ def check_megatron_bf16(model: Path, root: Path, model_flags: list[str] | None =
         }
     finally:
         trainer.close()
+
+
+def vlm_prompt(model: Path, image: str) -> tuple[list[int], dict[str, torch.Tensor]]:
+    """A prompt showing ``image`` and its processor tensors, made by the rollout's own code."""
+    import argparse as ap
+
+    from slime.rollout.generate_utils import prompt_ids
+    from slime.rollout.sample import Sample
+
+    sample = Sample(index=0, prompt="<image>colour?", multimodal_inputs={"image": [image]})
+    ids = prompt_ids(ap.Namespace(hf_checkpoint=str(model)), sample)
+    assert sample.multimodal_train_inputs is not None
+    return ids, sample.multimodal_train_inputs
+
+
+def picture(root: Path) -> str:
+    from PIL import Image, ImageDraw
+
+    image = Image.new("RGB", (56, 56), "white")
+    ImageDraw.Draw(image).rectangle([14, 14, 41, 41], fill="red")
+    path = root / "red.png"
+    image.save(path)
+    return str(path)
+
+
+def check_engine_vlm_generate(url: str, model: Path, image: str) -> dict[str, float]:
+    """The CUDA torch engine generates from a picture sent as SGLang's image_data with one pad per
+    picture; its expanded prompt has the rollout's length."""
+    from slime.rollout.vision import vision_processor
+    from slime.utils.http import post_json_sync
+
+    processor = vision_processor(str(model))
+    ids, _ = vlm_prompt(model, image)
+    start = time.perf_counter()
+    reply = post_json_sync(
+        f"{url}/generate",
+        {
+            "input_ids": processor.collapse(ids, 1),
+            "image_data": processor.data_urls([image]),
+            "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
+            "return_logprob": True,
+        },
+    )
+    seconds = time.perf_counter() - start
+    assert reply["meta_info"]["prompt_tokens"] == len(ids), (reply["meta_info"], len(ids))
+    assert len(reply["output_ids"]) == 8, reply
+    return {
+        "generate_s": seconds,
+        "prompt_tokens": len(ids),
+        "image_tokens": reply["meta_info"].get("image_tokens", -1),
+    }
+
+
+def check_vlm(root: Path, timed: Callable[[str, Callable[[], dict]], None]) -> None:
+    """Check 6: the tiny Qwen2.5-VL trained in bf16 and served by the CUDA torch engine."""
+    from slime.backends.engine_server import start_engine_server
+    from slime.backends.torch_engine.launcher import serving
+    from tools.make_tiny_model import make_tiny_model
+
+    vlm = make_tiny_model(root / "qwen2_5_vl", arch="qwen2_5_vl")
+    image = picture(root)
+    timed("megatron_bf16_train_step_qwen2_5_vl", lambda: check_megatron_bf16(vlm, root, [], image))
+    command = serving(vlm, "--device", "cuda", "--random-seed", "0")
+    server = start_engine_server("torch engine (cuda, VLM)", command, root / "vlm.log", timeout_s=300)
+    try:
+        timed("torch_engine_cuda_vlm_generate", lambda: check_engine_vlm_generate(server.url, vlm, image))
+    finally:
+        server.stop()
 
 
 def family_flags() -> dict[str, list[str]]:
@@ -500,16 +582,21 @@ def check_real_sglang(model: Path, root: Path) -> dict[str, float | str | bool]:
     return results
 
 
-def run_checks(handoff_gb: float = 1.0) -> dict[str, dict]:
-    """Every check in order; the engine runs from check 2 to check 3. Raises on the first failure."""
+def run_checks(handoff_gb: float = 1.0, only: str | None = None) -> dict[str, dict]:
+    """Every check in order; the engine runs from check 2 to check 3. Raises on the first failure.
+    ``only="vlm"`` runs check 6 alone."""
     results: dict[str, dict] = {}
     root = Path(tempfile.mkdtemp(prefix="slime_gpu_check_"))
-    model = tiny_model(root)
 
     def timed(name: str, fn: Callable[[], dict]) -> None:
         start = time.perf_counter()
         results[name] = {**fn(), "wall_s": time.perf_counter() - start}
         print(f"ok   {name}: {json.dumps(results[name])}", flush=True)
+
+    if only == "vlm":
+        check_vlm(root, timed)
+        return results
+    model = tiny_model(root)
 
     timed("megatron_bf16_train_step", lambda: check_megatron_bf16(model, root))
     for arch, flags in family_flags().items():  # the Transformer Engine spec, where TE is installed
@@ -537,6 +624,7 @@ def run_checks(handoff_gb: float = 1.0) -> dict[str, dict]:
         timed("real_sglang_generate_and_weight_pushes", lambda: check_real_sglang(model, root))
     else:
         print("skip real_sglang_generate_and_weight_pushes: SGLang is not installed", flush=True)
+    check_vlm(root, timed)
     return results
 
 
@@ -545,13 +633,14 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--handoff-gb", type=float, default=2.0, help="bytes handed over in the IPC check")
+    parser.add_argument("--only", choices=["vlm"], help="run only the vision-language checks (6)")
     cli = parser.parse_args()
     if not torch.cuda.is_available():
         print("skip: no CUDA device visible; every GPU check skipped")
         return
     print(f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}", flush=True)
     try:
-        run_checks(cli.handoff_gb)
+        run_checks(cli.handoff_gb, cli.only)
     except Exception as exc:
         print(f"FAIL {type(exc).__name__}: {exc}", flush=True)
         sys.exit(1)

@@ -111,15 +111,16 @@ def check_megatron_bf16(
         torch.cuda.synchronize()
         seconds = time.perf_counter() - start
         after = dict(trainer.iter_hf_weights())
-        changed = sum(not torch.equal(before[n], after[n]) for n in before)
+        changed = [n for n in before if not torch.equal(before[n], after[n])]
         assert torch.isfinite(torch.tensor(metrics["loss"])), metrics
-        assert changed > 0, "no weight changed after an optimizer step"
-        return {
-            "step_s": seconds,
-            "loss": metrics["loss"],
-            "grad_norm": metrics["grad_norm"],
-            "changed": changed,
-        }
+        assert changed, "no weight changed after an optimizer step"
+        result = {"step_s": seconds, "loss": metrics["loss"], "grad_norm": metrics["grad_norm"]}
+        result |= {"changed": len(changed), "tensors": len(before)}
+        if image is not None:
+            visual = [n for n in changed if n.startswith("visual.")]
+            assert visual, "the vision tower did not change"
+            result["visual_changed"] = len(visual)
+        return result
     finally:
         trainer.close()
 

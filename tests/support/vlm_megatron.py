@@ -223,7 +223,6 @@ def train_step(
 ) -> tuple[dict[str, Any], tuple[Any, ...]]:
     """One optimizer step through the trainer's DDP and optimizer: which parameters DDP gave a gradient
     buffer, every parameter before and after; and the wrapped model, optimizer and LR schedule."""
-    from megatron.core.distributed import finalize_model_grads
 
     from slime.backends.megatron.model import build_optimizer, wrap_for_training
 
@@ -232,20 +231,7 @@ def train_step(
     inner = model[0].module
     before = {name: p.detach().clone() for name, p in inner.named_parameters()}
     buffered = {id(p) for buffer in model[0].buffers for p in buffer.params}
-    model[0].train()
-    model[0].zero_grad_buffer()
-    optimizer.zero_grad()
-    logits = model[0](
-        sample["input_ids"],
-        sample["positions"],
-        None,
-        pixel_values=sample["pixel_values"],
-        image_grid_thw=sample["image_grid_thw"],
-    )
-    torch.logsumexp(logits.float(), dim=-1).mean().backward()
-    finalize_model_grads(model)
-    updated, _, _ = optimizer.step()
-    assert updated
+    assert one_step(model, optimizer, sample)
     record = {
         "buffered": sorted(name for name, p in inner.named_parameters() if id(p) in buffered),
         "requires_grad": sorted(name for name, p in inner.named_parameters() if p.requires_grad),
@@ -259,7 +245,6 @@ def steps_with_and_without_images(model_dir: Path, inputs: list[Sample]) -> int:
     """``--overlap-grad-reduce``: optimizer steps on an image prompt, then a text one, then an image one.
     megatron-core's DDP learns at the first step which parameters get gradients and waits for all of
     them in every later step; returns the steps taken."""
-    from megatron.core.distributed import finalize_model_grads
 
     from slime.backends.megatron.model import build_optimizer, wrap_for_training
 
@@ -268,20 +253,28 @@ def steps_with_and_without_images(model_dir: Path, inputs: list[Sample]) -> int:
     optimizer, _ = build_optimizer(settings, model)
     steps = 0
     for sample in (inputs[0], inputs[2], inputs[0]):
-        model[0].train()
-        model[0].zero_grad_buffer()
-        optimizer.zero_grad()
-        logits = model[0](
-            sample["input_ids"],
-            sample["positions"],
-            None,
-            pixel_values=sample["pixel_values"],
-            image_grid_thw=sample["image_grid_thw"],
-        )
-        torch.logsumexp(logits.float(), dim=-1).mean().backward()
-        finalize_model_grads(model)
-        steps += bool(optimizer.step()[0])
+        steps += one_step(model, optimizer, sample)
     return steps
+
+
+def one_step(model: list[Any], optimizer: Any, sample: Sample) -> bool:
+    """One optimizer step of the wrapped model on ``sample`` (a logsumexp loss: every logit gets a
+    gradient); whether the optimizer updated."""
+    from megatron.core.distributed import finalize_model_grads
+
+    model[0].train()
+    model[0].zero_grad_buffer()
+    optimizer.zero_grad()
+    logits = model[0](
+        sample["input_ids"],
+        sample["positions"],
+        None,
+        pixel_values=sample["pixel_values"],
+        image_grid_thw=sample["image_grid_thw"],
+    )
+    torch.logsumexp(logits.float(), dim=-1).mean().backward()
+    finalize_model_grads(model)
+    return bool(optimizer.step()[0])
 
 
 def checkpoint_round_trip(model_dir: Path, world: int, trained: tuple[Any, ...], directory: Path) -> bool:

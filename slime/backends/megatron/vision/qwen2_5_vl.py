@@ -4,9 +4,9 @@ stage also holds transformers' own vision tower under ``visual.``, named exactly
 names it (its weights load and export one to one and are replicated over tensor-parallel ranks).
 
 The forward pass is Qwen2.5-VL's: the token embeddings, the tower's merged patch features written at
-the ``image_token_id`` positions (images in row order), then the decoder with 3-D positions
-``[3, b, s]`` (time, height, width; ``get_rope_index``'s semantics). The features are written on the
-full sequence, and only then split for sequence parallelism.
+the images' pad positions (the batching's ``image_mask``; images in row order), then the decoder with
+3-D positions ``[3, b, s]`` (time, height, width; ``get_rope_index``'s semantics). The features are
+written on the full sequence, and only then split for sequence parallelism.
 """
 
 from __future__ import annotations
@@ -47,10 +47,11 @@ def _vision_tower(vision_config: Any, dtype: torch.dtype) -> torch.nn.Module:
 class VisionLanguageModel(GPTModel):
     """A GPTModel with multimodal RoPE and, on the first pipeline stage, the vision tower ``visual``.
 
-    ``forward(input_ids, position_ids, attention_mask, ..., pixel_values=None, image_grid_thw=None)``:
-    ``position_ids`` is int64 ``[3, b, s]`` (for a packed THD row, b = 1 and each sequence's positions
-    start at its own origin); ``pixel_values`` / ``image_grid_thw`` are those of the images whose pad
-    tokens occur in ``input_ids``, concatenated in row order (None when there are none).
+    ``forward(input_ids, position_ids, attention_mask, ..., pixel_values=None, image_grid_thw=None,
+    image_mask=None)``: ``position_ids`` is int64 ``[3, b, s]`` (for a packed THD row, b = 1 and each
+    sequence's positions start at its own origin); ``pixel_values`` / ``image_grid_thw`` are those of
+    the images whose pad tokens occur in ``input_ids``, concatenated in row order (None when there are
+    none); ``image_mask`` (``[b, s]``) marks those pads (default: every ``image_token_id``).
     """
 
     def __init__(

@@ -106,6 +106,13 @@ class FallbackServerArgs:
     watchdog_timeout: float = 300.0
     weight_version: str = "default"
     enable_draft_weights_cpu_backup: bool = False
+    enable_lora: bool | None = None
+    max_lora_rank: int | None = None
+    lora_target_modules: list[str] | None = None
+    lora_paths: list[str] | None = None
+    max_loaded_loras: int | None = None
+    max_loras_per_batch: int = 8
+    lora_backend: str = "csgmv"
 
 
 @dataclass(frozen=True)

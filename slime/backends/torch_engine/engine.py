@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from slime.backends.torch_engine import protocol, weights
+from slime.backends.torch_engine import lora, protocol, weights
 from slime.backends.torch_engine.model_runner import ModelRunner
 from slime.backends.torch_engine.protocol import GenerateInput, ProtocolError
 from slime.backends.torch_engine.request import Request
@@ -67,6 +67,18 @@ class TorchEngine:
             self.runner, self.max_running_requests, args.max_total_tokens, args.random_seed
         )
         self.scheduler.weight_version = args.weight_version
+        self.lora: lora.LoraManager | None = None
+        if args.enable_lora or (args.enable_lora is None and args.lora_paths):
+            settings = lora.lora_settings(
+                args.max_lora_rank,
+                args.lora_target_modules,
+                args.max_loras_per_batch,
+                args.max_loaded_loras,
+                args.lora_paths,
+            )
+            self.lora = lora.LoraManager(self.runner.model, settings, self.runner.vocab_size)
+            self.runner.lora = self.lora
+            self.scheduler.lora_batch_fits = self.lora.batch_fits
         renames = weights.checkpoint_renames(self.runner.model) if self.runner.is_vlm else None
         self.weights = weights.WeightStore(self.runner.model, renames)
         self.release = protocol.release(args.sglang_release)
@@ -216,7 +228,13 @@ class TorchEngine:
             "parent": None,
             "max_model_len": self.context_length,
         }
-        return {"object": "list", "data": [card]}
+        cards = [card]
+        for adapter in self.lora.registry.values() if self.lora is not None else []:
+            # SGLang lists each loaded adapter as a model whose parent is the served model.
+            cards.append(
+                {**card, "id": adapter.name, "root": adapter.path, "parent": name, "max_model_len": None}
+            )
+        return {"object": "list", "data": cards}
 
     def server_info(self) -> dict[str, Any]:
         info = dataclasses.asdict(self.args)
@@ -312,6 +330,46 @@ class TorchEngine:
         if self.release.weight_update_sessions and self.weight_session is None:
             return f"{operation} must run between begin_weight_update() and end_weight_update()"
         return None
+
+    # ---- LoRA (SGLang's /load_lora_adapter, /load_lora_adapter_from_tensors, /unload_lora_adapter) -
+
+    def acquire_adapters(self, names: list[str | None], as_list: bool) -> list[lora.Adapter | None]:
+        """Each request's adapter (``lora_path``), on the scheduler thread; raises ProtocolError (400)."""
+        if not any(names):
+            return [None] * len(names)
+        if self.lora is None:
+            first = next(n for n in names if n)
+            raise ProtocolError(
+                f"LoRA adapter '{first}' was requested, but LoRA is not enabled. "
+                "Please launch the server with --enable-lora flag and preload adapters "
+                "using --lora-paths or /load_lora_adapter endpoint."
+            )
+        try:
+            return self.lora.acquire(names, as_list)
+        except lora.LoraError as exc:
+            raise ProtocolError(str(exc)) from exc
+
+    def load_lora_adapter(self, name: str, path: str, pinned: bool) -> dict[str, Any]:
+        if self.lora is None:
+            return lora.update_output(False, lora.NOT_ENABLED, None)
+        return self.lora.load_from_path(name, path, pinned)
+
+    def load_lora_adapter_from_tensors(
+        self,
+        name: str,
+        config_dict: dict[str, Any],
+        tensors: dict[str, torch.Tensor],
+        pinned: bool,
+        added_tokens_config: dict[str, int] | None,
+    ) -> dict[str, Any]:
+        if self.lora is None:
+            return lora.update_output(False, lora.NOT_ENABLED, None)
+        return self.lora.load_from_tensors(name, config_dict, tensors, pinned, added_tokens_config)
+
+    def unload_lora_adapter(self, name: str) -> dict[str, Any]:
+        if self.lora is None:
+            return lora.update_output(False, lora.NOT_ENABLED, None)
+        return self.lora.unload(name)
 
     def shutdown(self) -> None:
         """Abort what is in flight, stop the scheduler, close the weight-update groups."""

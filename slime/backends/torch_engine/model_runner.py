@@ -18,6 +18,7 @@ import torch
 
 from slime.backends.torch_engine import vision
 from slime.backends.torch_engine.kv_cache import SlotKVCache
+from slime.backends.torch_engine.lora import Adapter, LoraManager
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +98,7 @@ class ModelRunner:
         params = inspect.signature(self.model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self._mask_min = torch.finfo(self.dtype).min
+        self.lora: LoraManager | None = None  # set by the engine with --enable-lora
 
     def _eos_token_ids(self) -> set[int]:
         """EOS ids as SGLang collects them: model config, generation config and the tokenizer."""
@@ -115,7 +117,13 @@ class ModelRunner:
     # ---- forwards -------------------------------------------------------------------------------
 
     def _forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, keep, **images
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        keep,
+        adapters: list[Adapter | None] | None = None,
+        **images,
     ) -> torch.Tensor:
         kwargs = {
             "input_ids": None if "inputs_embeds" in images else input_ids,
@@ -126,7 +134,10 @@ class ModelRunner:
             "logits_to_keep": keep,
             **images,
         }
-        return self.model(**kwargs).logits
+        if self.lora is None or not any(adapters or []):
+            return self.model(**kwargs).logits
+        with self.lora.rows(adapters):
+            return self.model(**kwargs).logits
 
     def _vlm_prefill_inputs(
         self, ids: torch.Tensor, pads: list[int], images: list[vision.ImageInputs | None]
@@ -160,13 +171,14 @@ class ModelRunner:
         start_row: int,
         all_logits: bool,
         images: list[vision.ImageInputs | None] | None = None,
+        adapters: list[Adapter | None] | None = None,
     ) -> list[torch.Tensor]:
         """Run the prompts of the new slots `start_row ..`; return per row logits (fp32).
 
         Rows are left-padded to a common width, so the logits after every row's last token are the last
         column (pad queries attend to nothing and are discarded). Each entry is `[len, vocab]` when
         `all_logits` (prompt logprobs are wanted) else `[vocab]`. A VLM takes each row's images (None for
-        a text row) and 3-row positions.
+        a text row) and 3-row positions; with LoRA each row's adapter applies (None: the base model).
         """
         n = len(sequences)
         width = max(len(s) for s in sequences)
@@ -186,7 +198,8 @@ class ModelRunner:
         if self.is_vlm:
             positions, extra = self._vlm_prefill_inputs(ids.to(self.device), pads, images or [None] * n)
         self.cache.set_prefill(start_row, start_row + n, width, pads)
-        logits = self._forward(ids.to(self.device), positions, mask, 0 if all_logits else 1, **extra).float()
+        keep = 0 if all_logits else 1
+        logits = self._forward(ids.to(self.device), positions, mask, keep, adapters, **extra).float()
         if all_logits:
             return [logits[row, pad:] for row, pad in enumerate(pads)]
         return list(logits[:, -1])
@@ -198,6 +211,7 @@ class ModelRunner:
         positions: torch.Tensor,
         kv_length: int,
         rope_deltas: list[int] | None = None,
+        adapters: list[Adapter | None] | None = None,
     ) -> torch.Tensor:
         """One token for each slot `0 .. n-1` at `positions` (all < `kv_length`); `[n, vocab]` fp32 logits.
 
@@ -212,5 +226,5 @@ class ModelRunner:
         if self.is_vlm:
             deltas = torch.tensor(rope_deltas or [0] * n, dtype=torch.long, device=self.device)
             rope = (rope + deltas[:, None])[None].expand(3, -1, -1)
-        logits = self._forward(tokens[:, None], rope, mask, 1)
+        logits = self._forward(tokens[:, None], rope, mask, 1, adapters)
         return logits[:, -1].float()

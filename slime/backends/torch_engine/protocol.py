@@ -16,7 +16,9 @@ Facts taken from SGLang 0.5.23 (`sglang/srt/entrypoints/http_server.py`, `manage
 - POST /generate: `text` | `input_ids` (a list makes a batch), `sampling_params`, `rid`,
   `return_logprob`, `logprob_start_len` (-1: output logprobs only), `return_text_in_logprobs`, `stream`,
   and for a vision-language model `image_data` (``vision.py``: forms, prompt expansion, errors,
-  meta_info["image_tokens"]; a text model refuses it).
+  meta_info["image_tokens"]; a text model refuses it), and `lora_path`: the name of a loaded LoRA adapter,
+  one string for every request of a batch or a list with one name (or None: the base) per request
+  (``lora.py``: resolution, implicit reloads, errors).
   Reply `{"text", "output_ids", "meta_info"}`; meta_info = {"id", "finish_reason", "prompt_tokens",
   "weight_version", "num_retractions", "completion_tokens", "cached_tokens", "e2e_latency"} plus, with
   return_logprob, "input_token_logprobs", "output_token_logprobs" (lists of `[logprob, token_id, text]`,
@@ -246,6 +248,7 @@ class GenerateInput:
     logprob_start_len: int
     return_text_in_logprobs: bool
     image_data: list[Any] | None = None  # this request's images (see ``vision.py``), None without
+    lora_path: str | None = None  # the name of the LoRA adapter to run with (SGLang names adapters so)
 
 
 def _pick(value: Any, index: int, batched: bool) -> Any:
@@ -279,6 +282,7 @@ def parse_generate(body: dict[str, Any]) -> tuple[list[GenerateInput], bool]:
             ):
                 raise ProtocolError("input_ids must be a list of token ids or a list of such lists")
     images = _normalize_image_data(body.get("image_data"), len(prompts), batched)
+    adapters = _normalize_lora_paths(body.get("lora_path"), len(prompts), batched)
     rid = body.get("rid")
     requests = []
     for i, prompt in enumerate(prompts):
@@ -297,9 +301,25 @@ def parse_generate(body: dict[str, Any]) -> tuple[list[GenerateInput], bool]:
                 logprob_start_len=-1 if start is None else int(start),
                 return_text_in_logprobs=bool(body.get("return_text_in_logprobs") or False),
                 image_data=images[i],
+                lora_path=adapters[i],
             )
         )
     return requests, batched
+
+
+def _normalize_lora_paths(lora_path: Any, batch_size: int, batched: bool) -> list[str | None]:
+    """Each request's adapter name: one string names it for every request of a batch, a list one
+    per request (``GenerateReqInput._normalize_lora_paths``, 0.5.19-0.5.23; None entries: the base)."""
+    if lora_path is None:
+        return [None] * batch_size
+    names = [lora_path] * batch_size if isinstance(lora_path, str) else lora_path
+    if not isinstance(names, list) or not all(n is None or isinstance(n, str) for n in names):
+        raise ProtocolError("lora_path should be a list or a string.")
+    if not batched and len(names) == 1:
+        return names
+    if len(names) != batch_size:
+        raise ProtocolError(f"lora_path list length ({len(names)}) must match batch size ({batch_size})")
+    return list(names)
 
 
 def _normalize_image_data(image_data: Any, batch_size: int, batched: bool) -> list[list[Any] | None]:

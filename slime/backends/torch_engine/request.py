@@ -12,6 +12,7 @@ from slime.backends.torch_engine.protocol import SamplingParams
 from slime.backends.torch_engine.sampling import RowSampling
 
 if TYPE_CHECKING:
+    from slime.backends.torch_engine.lora import Adapter
     from slime.backends.torch_engine.vision import ImageInputs
 
 
@@ -42,17 +43,25 @@ class Request:
     aborted_in_queue: bool = False  # answered in the short shape of an abort from the waiting queue
     cached_tokens: int = 0  # prompt tokens whose keys/values were copied rather than computed
     images: ImageInputs | None = None  # a VLM request's images, kept until it leaves (re-prefills use them)
+    lora: Adapter | None = None  # the LoRA adapter it names (``lora_path``), kept until it leaves
 
     @property
     def wants_input_logprobs(self) -> bool:
         return self.return_logprob and 0 <= self.logprob_start_len < len(self.input_ids)
 
     @property
+    def lora_id(self) -> str | None:
+        """The adapter load this request runs with: a new id for every load of a name."""
+        return None if self.lora is None else self.lora.lora_id
+
+    @property
     def cache_key(self) -> tuple[Any, ...]:
         """What a prefilled KV row holds: its tokens and, for image requests, which pictures (the pad ids
-        of two different images are the same; SGLang keys its radix cache by their hashes)."""
+        of two different images are the same; SGLang keys its radix cache by their hashes); with an
+        adapter, which load of it (SGLang's radix cache is keyed by ``lora_id`` too)."""
         tokens = (*self.input_ids, *self.output_ids)
-        return tokens if self.images is None else (self.images.key, *tokens)
+        key = tokens if self.images is None else (self.images.key, *tokens)
+        return key if self.lora is None else (("lora", self.lora.lora_id), *key)
 
     def reserved_tokens(self) -> int:
         return len(self.input_ids) + self.max_new_tokens

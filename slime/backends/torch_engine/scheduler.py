@@ -80,6 +80,8 @@ class Scheduler:
         self.runner = runner
         self.max_running_requests = max_running_requests
         self.max_total_tokens = max_total_tokens
+        # With LoRA: whether a batch may hold these adapters (``LoraManager.batch_fits``).
+        self.lora_batch_fits: Callable[[set[str | None]], bool] | None = None
         self.generator = torch.Generator(device=runner.device)
         if random_seed is not None:
             self.generator.manual_seed(random_seed)
@@ -261,8 +263,21 @@ class Scheduler:
         batch: list[Request] = []
         reserved = sum(r.reserved_tokens() for r in self.running)
         width = 0
+        # A request whose adapter does not fit the batch waits and later ones are still admitted,
+        # as SGLang's ``can_schedule_lora_req`` skips it.
+        skipped: list[Request] = []
+        adapters = {r.lora_id for r in self.running}
         while self.waiting and len(self.running) + len(batch) < self.max_running_requests:
             request = self.waiting[0]
+            lora_id = request.lora_id
+            fits = (
+                self.lora_batch_fits is None
+                or lora_id in adapters
+                or self.lora_batch_fits(adapters | {lora_id})
+            )
+            if not fits:
+                skipped.append(self.waiting.popleft())
+                continue
             length = len(request.input_ids) + len(request.output_ids)
             if batch and (len(batch) + 1) * max(width, length) > PREFILL_TOKEN_BUDGET:
                 break
@@ -277,8 +292,10 @@ class Scheduler:
                 break
             self.waiting.popleft()
             batch.append(request)
+            adapters.add(request.lora_id)
             reserved += request.reserved_tokens()
             width = max(width, length)
+        self.waiting.extendleft(reversed(skipped))
         return batch
 
     @staticmethod
@@ -306,7 +323,8 @@ class Scheduler:
             request.slot = start + i
         sequences = [r.input_ids + r.output_ids for r in batch]
         images = [r.images for r in batch[:computed]]
-        logits = self.runner.prefill(sequences[:computed], start, all_logits, images)
+        adapters = [r.lora for r in batch[:computed]]
+        logits = self.runner.prefill(sequences[:computed], start, all_logits, images, adapters)
         copies = [(start + sources[i], start + i, len(sequences[i])) for i in range(computed, len(batch))]
         self.runner.cache.copy_rows(copies)
         self.running.extend(batch)
@@ -347,7 +365,9 @@ class Scheduler:
         lengths = [r.kv_len for r in self.running]
         positions = torch.tensor(lengths, dtype=torch.long, device=device)
         deltas = [r.images.rope_delta if r.images is not None else 0 for r in self.running]
-        logits = self.runner.decode(tokens, positions, max(lengths) + 1, deltas)
+        logits = self.runner.decode(
+            tokens, positions, max(lengths) + 1, deltas, [r.lora for r in self.running]
+        )
         for request in self.running:
             request.kv_len += 1
         self.stats.decode_steps += 1

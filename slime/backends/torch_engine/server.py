@@ -12,6 +12,7 @@ import concurrent.futures
 import datetime
 import logging
 import os
+import pickle
 import secrets
 import uuid
 from collections.abc import Awaitable, Callable
@@ -21,11 +22,12 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from slime.backends.torch_engine import faults, protocol, weights
+from slime.backends.torch_engine import faults, lora, protocol, weights
 from slime.backends.torch_engine.engine import TorchEngine
 from slime.backends.torch_engine.protocol import ProtocolError, SamplingParams, UnhandledError
 from slime.backends.torch_engine.request import Request
 from slime.backends.torch_engine.sampling import RowSampling
+from slime.weight_sync import ipc
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +134,8 @@ def _protocol_errors(handler: Handler) -> Handler:
 
 async def generate(request: web.Request) -> web.StreamResponse:
     engine, admission = request.app[ENGINE], request.app[ADMISSION]
-    inputs, batched = protocol.parse_generate(await _body(request))
+    body = await _body(request)
+    inputs, batched = protocol.parse_generate(body)
     reason = engine.refuse_generation("/generate")
     if reason is not None:
         return _error(503, reason)
@@ -143,7 +146,14 @@ async def generate(request: web.Request) -> web.StreamResponse:
         reason = engine.refuse_generation("/generate")  # memory may have been released meanwhile
         if reason is not None:
             return _error(503, reason)
+        names = [gen.lora_path for gen in inputs]
+        adapters = [None] * len(inputs)
+        if any(names):  # resolved before tokenizing, as SGLang's tokenizer manager does
+            as_list = isinstance(body.get("lora_path"), list)
+            adapters = await _on_scheduler(engine, lambda: engine.acquire_adapters(names, as_list))
         built = [engine.build_request(gen) for gen in inputs]
+        for req, adapter in zip(built, adapters, strict=True):
+            req.lora = adapter
         replies = await _run_requests(engine, built)
     finally:
         admission.leave(rids)
@@ -485,6 +495,120 @@ async def resume_memory_occupation(request: web.Request) -> web.Response:
     return web.json_response(None)
 
 
+# ---- LoRA adapters ------------------------------------------------------------------------------
+# SGLang 0.5.19-0.5.23 (``entrypoints/http_server.py``): each answers ``LoRAUpdateOutput`` (see
+# ``lora.update_output``), HTTP 200 on success and 400 on failure.
+
+
+def _lora_reply(result: dict[str, Any]) -> web.Response:
+    return web.json_response(result, status=200 if result["success"] else 400)
+
+
+def _missing(body: dict[str, Any], *fields: str) -> web.Response | None:
+    """SGLang's request validation of a required field (the engine answers it as other validation errors)."""
+    for name in fields:
+        if name not in body:
+            return _openai_error(400, f"{name}: Field required", "Bad Request")
+    return None
+
+
+async def load_lora_adapter(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE]
+    body = await _body(request)
+    refusal = _missing(body, "lora_name", "lora_path")
+    if refusal is not None:
+        return refusal
+    name, path, pinned = str(body["lora_name"]), str(body["lora_path"]), bool(body.get("pinned", False))
+    return _lora_reply(await _on_scheduler(engine, lambda: engine.load_lora_adapter(name, path, pinned)))
+
+
+def _adapter_tensors(body: dict[str, Any]) -> dict[str, Any]:
+    """The adapter's ``{name: tensor}`` from TP rank 0's entry: SGLang's MultiprocessingSerializer of a
+    dict (or of a flattened bucket with ``load_format="flattened_bucket"``), base64 on HTTP."""
+    entries = body["serialized_named_tensors"]
+    if not isinstance(entries, list) or not entries:
+        raise ValueError("serialized_named_tensors must be a non-empty list (one entry per TP rank)")
+    payload = ipc.deserialize(entries[0])
+    if body.get("load_format") == "flattened_bucket":
+        return dict(ipc.named_tensors_from_payload(payload, "flattened_bucket"))
+    if not isinstance(payload, dict):
+        raise ValueError("an adapter entry must be a dict of tensors by name")
+    return payload
+
+
+def _checksum_mismatch(tensors: dict[str, Any], expected: dict[str, str]) -> str | None:
+    """SGLang's ``expected_checksums`` check (``tp_worker.load_lora_adapter_from_tensors``), its words."""
+    mismatch = [
+        n for n, want in expected.items() if n in tensors and lora.tensor_checksum(tensors[n]) != want
+    ]
+    missing = [n for n in expected if n not in tensors]
+    extra = [n for n in tensors if n not in expected]
+    if not (mismatch or missing or extra):
+        return None
+    return (
+        f"[LORA-CHECK] rank0 adapter sync MISMATCH of {len(expected)} expected: "
+        f"{len(mismatch)} value-diff {mismatch[:5]}, {len(missing)} missing {missing[:5]}, "
+        f"{len(extra)} extra {extra[:5]}"
+    )
+
+
+async def load_lora_adapter_from_tensors(request: web.Request) -> web.Response:
+    """The whole adapter in one call: its PEFT ``config_dict`` and every tensor."""
+    engine = request.app[ENGINE]
+    body = await _body(request)
+    refusal = _missing(body, "lora_name", "config_dict", "serialized_named_tensors")
+    if refusal is not None:
+        return refusal
+    if engine.lora is None:
+        return _lora_reply(lora.update_output(False, lora.NOT_ENABLED, None))
+    name, config = str(body["lora_name"]), body["config_dict"]
+    try:
+        tensors = await asyncio.get_running_loop().run_in_executor(None, _adapter_tensors, body)
+    except (ValueError, pickle.UnpicklingError, EOFError) as exc:
+        return _lora_reply(lora.update_output(False, f"serialized_named_tensors: {exc}", None))
+    if body.get("expected_checksums") is not None:
+        mismatch = _checksum_mismatch(tensors, body["expected_checksums"])
+        if mismatch is not None:
+            return _lora_reply(lora.update_output(False, mismatch, None))
+    result = await _on_scheduler(
+        engine,
+        lambda: engine.load_lora_adapter_from_tensors(
+            name, config, tensors, bool(body.get("pinned", False)), body.get("added_tokens_config")
+        ),
+    )
+    return _lora_reply(result)  # the adapter holds copies: the sender's memory is no longer mapped
+
+
+async def unload_lora_adapter(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE]
+    body = await _body(request)
+    refusal = _missing(body, "lora_name")
+    if refusal is not None:
+        return refusal
+    name = str(body["lora_name"])
+    return _lora_reply(await _on_scheduler(engine, lambda: engine.unload_lora_adapter(name)))
+
+
+async def get_lora_weights_by_name(request: web.Request) -> web.Response:
+    """Torch-engine only (SGLang has no read-back of adapter weights): ``{"lora_name", "name",
+    "truncate_size": 100}`` -> the adapter tensor of that PEFT name as get_weights_by_name answers a
+    parameter, so a test can compare the served adapter with the trainer's."""
+    engine = request.app[ENGINE]
+    body = await _body(request)
+    if engine.lora is None:
+        return _error(400, lora.NOT_ENABLED)
+    lora_name, name, size = (
+        str(body.get("lora_name")),
+        str(body.get("name")),
+        int(body.get("truncate_size", 100)),
+    )
+    try:
+        values = await _on_scheduler(engine, lambda: engine.lora.read(lora_name, name, size))  # type: ignore[union-attr]
+    except lora.LoraError as exc:
+        return _error(400, f"Get LoRA tensor by name failed: {exc}")
+    return web.json_response(values)
+
+
 # ---- app ----------------------------------------------------------------------------------------
 
 ROUTES: list[tuple[tuple[str, ...], str, Handler]] = [
@@ -510,6 +634,10 @@ ROUTES: list[tuple[tuple[str, ...], str, Handler]] = [
     (("POST",), "/update_weights_from_disk", update_weights_from_disk),
     (("GET", "POST"), "/release_memory_occupation", release_memory_occupation),
     (("GET", "POST"), "/resume_memory_occupation", resume_memory_occupation),
+    (("POST",), "/load_lora_adapter", load_lora_adapter),
+    (("POST",), "/load_lora_adapter_from_tensors", load_lora_adapter_from_tensors),
+    (("POST",), "/unload_lora_adapter", unload_lora_adapter),
+    (("GET", "POST"), "/get_lora_weights_by_name", get_lora_weights_by_name),
 ]
 
 

@@ -46,6 +46,7 @@ NO_EFFECT = {
     "load_format": "weights are read with transformers (safetensors)",
     "enable_metrics": "counters are in /get_server_info internal_states",
     "watchdog_timeout": "no watchdog",
+    "lora_backend": "one implementation: each row's scaling * B(A x), added by hooks in PyTorch (lora.py)",
 }
 # Parallel sizes that only have one valid value in this engine.
 MUST_BE_ONE = ("tp_size", "dp_size", "pp_size", "ep_size", "nnodes")
@@ -69,6 +70,12 @@ HONOURED: dict[str, dict[str, Any]] = {
     "served_model_name": {},
     "api_key": {"help": "require 'Authorization: Bearer KEY' on every endpoint but /health*, as SGLang does"},
     "weight_version": {},
+    "enable_lora": {"help": "serve LoRA adapters (on with --lora-paths too)"},
+    "max_lora_rank": {"help": "default: the largest rank of --lora-paths"},
+    "lora_target_modules": {"nargs": "*", "help": "HF module names or 'all'; default: those of --lora-paths"},
+    "lora_paths": {"nargs": "*", "help": "<PATH> | <NAME>=<PATH> | JSON {lora_name, lora_path, pinned}"},
+    "max_loaded_loras": {"help": "LRU-evict unpinned adapters beyond this many"},
+    "max_loras_per_batch": {"help": "adapters per running batch, the base model counting as one"},
 }
 
 
@@ -93,6 +100,12 @@ def _parser() -> argparse.ArgumentParser:
         option, spec, default = "--" + name.replace("_", "-"), flags[name], getattr(defaults, name)
         if spec.kind == "switch":
             parser.add_argument(option, action="store_true", default=default, **settings)
+        elif spec.kind == "list":  # one or more values; the settings may take none (nargs "*")
+            parser.add_argument(
+                option,
+                default=default,
+                **{"type": spec.parse, "nargs": "+", "choices": spec.choices, **settings},
+            )
         else:
             parser.add_argument(
                 option, default=default, **{"type": spec.parse, "choices": spec.choices, **settings}

@@ -176,6 +176,52 @@ def add_algorithm_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_lora_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("slime: LoRA")
+    g.add_argument(
+        "--lora-rank",
+        type=non_negative_int,
+        default=0,
+        help="Rank of the LoRA adapters trained instead of the whole model (0: no LoRA, full training).",
+    )
+    g.add_argument(
+        "--lora-alpha",
+        type=positive_float,
+        default=16.0,
+        help="LoRA scaling numerator: updates scale by alpha/rank.",
+    )
+    g.add_argument(
+        "--lora-dropout",
+        type=non_negative_float,
+        default=0.0,
+        help="Dropout on the adapters' input (training only).",
+    )
+    g.add_argument(
+        "--target-modules",
+        nargs="+",
+        default=["all-linear"],
+        help="HF module names that get adapters: all-linear (q/k/v/o and gate/up/down projections) or a list "
+        "such as q_proj v_proj.",
+    )
+    g.add_argument(
+        "--exclude-modules",
+        nargs="+",
+        default=[],
+        help="HF module names left without adapters (from --target-modules).",
+    )
+    g.add_argument(
+        "--lora-adapter-path",
+        type=str,
+        default=None,
+        help="Start from this HF PEFT adapter directory (adapter_config.json, adapter_model.safetensors).",
+    )
+    g.add_argument(
+        "--lora-train-only",
+        action="store_true",
+        help="Train the adapters but keep the engines on the base model (no adapter is pushed): a baseline.",
+    )
+
+
 def add_weight_sync_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("slime: weight sync")
     g.add_argument(

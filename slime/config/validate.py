@@ -20,12 +20,15 @@ import inspect
 import os
 import re
 import tempfile
+from pathlib import Path
 
+from slime.backends.megatron.lora.targets import MLP_MODULES, partly_targeted
 from slime.config.engine_backend import missing_server_requirements, resolve_backend
 from slime.config.errors import ConfigError
 from slime.config.hf_config import CONFIG_NAME
 from slime.config.reward_types import BOXED_PREFIX, BUILTIN_REWARD_TYPES
 from slime.config.settings.data import is_vision_checkpoint, parse_multimodal_keys
+from slime.config.settings.lora import target_modules
 from slime.config.settings.router import RouterSettings
 from slime.config.sglang_args import check_sglang_server_args
 from slime.config.slime_args import DEFAULT_ROLLOUT_FUNCTION_PATH, PLUGIN_FLAGS
@@ -318,6 +321,7 @@ def check_parallelism(args: argparse.Namespace) -> None:
     _check_sequence_parallel(args)
     _check_expert_parallel(args)
     _check_vision_language(args)
+    _check_lora(args)
 
 
 def _check_micro_batches(args: argparse.Namespace) -> None:
@@ -433,6 +437,43 @@ def _check_vision_language(args: argparse.Namespace) -> None:
         raise ConfigError(
             "--pipeline-model-parallel-size",
             f"{args.pipeline_model_parallel_size} is not supported for a vision-language model yet; use 1",
+        )
+
+
+def _check_lora(args: argparse.Namespace) -> None:
+    """LoRA (``--lora-rank``) on the layers the trainer's adapters wrap: the local spec's dense
+    attention and MLP linears, a fused layer's HF modules all or none."""
+    if not args.lora_rank:
+        if args.lora_train_only or args.lora_adapter_path:
+            flag = "--lora-train-only" if args.lora_train_only else "--lora-adapter-path"
+            raise ConfigError(flag, "applies to LoRA runs only; add --lora-rank R")
+        return
+    targets = target_modules(args.target_modules, args.exclude_modules)
+    adapter = args.lora_adapter_path
+    if adapter is not None and not (Path(adapter) / "adapter_config.json").is_file():
+        raise ConfigError(
+            "--lora-adapter-path", f"{adapter} has no adapter_config.json; pass an HF PEFT adapter dir"
+        )
+    if args.multimodal_keys is not None:
+        raise ConfigError(
+            "--lora-rank", "LoRA on a vision-language model is not supported yet; drop one of the two"
+        )
+    if args.colocate and args.actor_num_nodes > 1:
+        raise ConfigError(
+            "--colocate",
+            "with LoRA, the adapter is handed over from one node's rank 0; use one node or drop it",
+        )
+    if args.multi_latent_attention:
+        raise ConfigError("--lora-rank", "LoRA on multi-latent attention is not supported; drop --lora-rank")
+    if args.transformer_impl != "local":
+        raise ConfigError("--transformer-impl", "LoRA adapts the local spec's linears; use local")
+    if args.num_experts and set(targets) & set(MLP_MODULES):
+        raise ConfigError(
+            "--target-modules", "MoE experts get no LoRA; add --exclude-modules gate_proj up_proj down_proj"
+        )
+    if (fused := partly_targeted(targets)) is not None:
+        raise ConfigError(
+            "--target-modules", f"Megatron fuses {' '.join(fused)} into one layer: name all or none"
         )
 
 

@@ -49,6 +49,29 @@ def update_from_disk(urls: list[str], payload: dict[str, Any], timeout: float) -
     return post_all(urls, "/update_weights_from_disk", payload, timeout)
 
 
+def unload_lora_adapter(urls: list[str], payload: dict[str, Any], timeout: float) -> list[Future[Any]]:
+    """``/unload_lora_adapter``: the named adapter off the engines (a loaded name cannot be reloaded)."""
+    return post_all(urls, "/unload_lora_adapter", payload, timeout)
+
+
+def load_lora_adapter(urls: list[str], payload: dict[str, Any], timeout: float) -> list[Future[Any]]:
+    """``/load_lora_adapter``: the engines load an HF PEFT adapter directory the trainer wrote."""
+    return post_all(urls, "/load_lora_adapter", payload, timeout)
+
+
+def load_lora_adapter_from_tensors(
+    urls: list[str], payload: dict[str, Any], timeout: float
+) -> list[Future[Any]]:
+    """``/load_lora_adapter_from_tensors``: the whole adapter in one call, handed over in place."""
+    return post_all(urls, "/load_lora_adapter_from_tensors", payload, timeout)
+
+
+def update_weight_version(urls: list[str], payload: dict[str, Any], timeout: float) -> list[Future[Any]]:
+    """``/update_weight_version``: the version the engines' replies report (set by a LoRA push, whose
+    loads do not carry one)."""
+    return post_all(urls, "/update_weight_version", payload, timeout)
+
+
 @contextlib.contextmanager
 def weight_update_session(urls: list[str], timeout: float) -> Iterator[None]:
     """A weight-update session on every engine of ``urls`` that has them (SGLang >= 0.5.21).

@@ -149,7 +149,7 @@ class TrainingSession:
             # the first push takes the weights' part back, hand_gpus_to_engines the KV cache.
             engine_urls, _router_url = ray.get(engine_urls_ref)
             self.engine_urls = list(engine_urls)
-            self._engine_memory(memory.release, ["weights", "kv_cache"])
+            self._engine_memory(memory.release, self._released_by_engines())
             loaded = self.trainer.init()
         else:  # engines load their weights while the trainer builds its model
             loaded = self.trainer.init() if self.trainer is not None else None
@@ -175,9 +175,14 @@ class TrainingSession:
         """--colocate, after generating: the engines free their GPU memory, the trainer takes it back."""
         if not self._colocated():
             return
-        self._engine_memory(memory.release, ["weights", "kv_cache"])
+        self._engine_memory(memory.release, self._released_by_engines())
         assert self.trainer is not None  # _colocated()
         self.trainer.onload(["weights", "train_state"])
+
+    def _released_by_engines(self) -> list[str]:
+        """What colocated engines give back while the trainer trains: with LoRA the KV cache only, as
+        the base they serve never changes and is never sent again (``--lora-train-only`` too)."""
+        return ["kv_cache"] if self.weight_sync.lora.enabled else ["weights", "kv_cache"]
 
     def hand_gpus_to_engines(self) -> None:
         """--colocate, after the weight push: the trainer's state leaves its GPU and the engines take their
@@ -261,7 +266,8 @@ class TrainingSession:
 
     def _update_in_session(self, version: int) -> dict[str, float]:
         urls = self.engine_urls + self.external_urls
-        in_session = urls if self.weight_sync.transport != "disk" else []
+        # Weight-update sessions wrap parameter updates; adapter loads and disk loads need none.
+        in_session = [] if self.weight_sync.transport == "disk" or self.weight_sync.lora.enabled else urls
         assert self.trainer is not None  # push_weights: only with a trainer
         with weight_update_session(in_session, self.weight_sync.timeout_s):
             return self.trainer.update_weights(str(version))

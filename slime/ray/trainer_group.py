@@ -166,6 +166,10 @@ class TrainerActor:
         with self._on_device(["weights"]):
             return self._trainer.hf_state_dict(self.weight_sync.bucket_bytes)
 
+    def lora_state_dict(self) -> dict | None:
+        with self._on_device(["weights"]):
+            return self._trainer.lora_state_dict()
+
     @contextlib.contextmanager
     def _on_device(self, tags: list[str]):
         """Brings offloaded groups back for a call (a save between colocated rollouts), then offloads them."""
@@ -327,6 +331,10 @@ class TrainerGroup:
 
     def hf_state_dict(self) -> dict:
         return self._call("hf_state_dict")[0]
+
+    def lora_state_dict(self) -> dict:
+        """The LoRA adapter as HF PEFT tensors (``--lora-rank``), from global rank 0."""
+        return self._call("lora_state_dict")[0]
 
     def save(self, rollout_id: int) -> str:
         if self.critic is not None and self.critic.settings.checkpoint.save:

@@ -45,7 +45,7 @@ import aiohttp
 
 from slime.engine_client.generate import one_off_session, post_json
 from slime.rollout.errors import RolloutError
-from slime.rollout.plugin_args import rollout_seed, router_url, tokenizer_path
+from slime.rollout.plugin_args import rollout_seed, router_url, served_adapter, tokenizer_path
 from slime.rollout.prompt_files import load_tokenizer, render_chat
 from slime.rollout.sample import Sample
 from slime.rollout.vision import ImageError, check_expanded_length, png_data_url, vision_processor
@@ -374,6 +374,8 @@ async def _post_generate(
     }
     if images is not None and any(images):
         payload["image_data"] = images if batched else images[0]
+    if (adapter := served_adapter(args)) is not None:
+        payload["lora_path"] = adapter  # one name for the whole batch
     url = f"{router_url(args)}/generate"
     if context is not None:
         reply = await _post_with_retries(context, url, payload)

@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 
 from slime.config.settings.data import DataSettings
 from slime.config.settings.eval import EvalSettings
+from slime.config.settings.lora import ADAPTER_NAME
 from slime.config.settings.rollout import RolloutSettings, SamplingSettings
 
 
@@ -64,6 +65,15 @@ def tokenizer_path(args: argparse.Namespace) -> str:
     path: str | None = bound.tokenizer_path if bound is not None else args.hf_checkpoint
     assert path is not None  # the config checks require --hf-checkpoint
     return path
+
+
+def served_adapter(args: argparse.Namespace) -> str | None:
+    """The LoRA adapter the engines serve (``--lora-rank`` without ``--lora-train-only``), which every
+    ``/generate`` must name as SGLang's ``lora_path``; None for a run without one. A plugin that posts
+    its own ``/generate`` adds ``"lora_path": served_adapter(args)`` when this is not None."""
+    if not getattr(args, "lora_rank", 0) or getattr(args, "lora_train_only", False):
+        return None
+    return ADAPTER_NAME
 
 
 def rollout_seed(args: argparse.Namespace) -> int:

@@ -23,7 +23,14 @@ class WeightUpdater(Protocol):
 
 
 def build_weight_updater(settings: WeightSyncSettings, trainer) -> WeightUpdater:
-    """distributed: process-group broadcast; tensor: in place (colocated); disk: safetensors snapshots."""
+    """distributed: process-group broadcast; tensor: in place (colocated); disk: safetensors snapshots.
+    With LoRA, the adapter alone whatever the transport, or nothing under ``--lora-train-only``
+    (``LoraWeightUpdater``): the base the engines serve never changes."""
+    if settings.lora.enabled:
+        from slime.weight_sync.lora import LoraWeightUpdater
+
+        assert settings.hf_checkpoint is not None  # the config checks require it
+        return LoraWeightUpdater(settings, settings.lora, settings.hf_checkpoint, trainer)
     if settings.transport == "tensor":
         from slime.weight_sync.tensor import TensorWeightUpdater
 

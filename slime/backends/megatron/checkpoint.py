@@ -48,6 +48,21 @@ def _materialize_optimizer_state(optimizer: MegatronOptimizer) -> None:
         torch_optimizer.zero_grad()
 
 
+def _unshare_adam_steps(optimizer: MegatronOptimizer) -> None:
+    """Gives every parameter's Adam ``step`` a tensor of its own after a load.
+
+    Without Apex or Transformer Engine (the CPU path) megatron-core 0.16's distributed optimizer loads
+    one ``step`` tensor into every parameter's state; torch's Adam increments each parameter's step in
+    place, so the next update took the k-th parameter's bias correction at step ``n + k``, and a resumed
+    run drifted from the uninterrupted one from its first step.
+    """
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        torch_optimizer = inner.optimizer
+        for state in torch_optimizer.state.values() if torch_optimizer is not None else ():
+            if isinstance(state.get("step"), torch.Tensor):
+                state["step"] = state["step"].clone()
+
+
 def _sharded_state(
     model: list[torch.nn.Module],
     optimizer: MegatronOptimizer | None,
@@ -117,6 +132,7 @@ def load(
         unwrap(chunk).load_state_dict(loaded[_model_key(i, len(model))])
     if optimizer is not None:
         optimizer.load_state_dict(loaded["optimizer"])
+        _unshare_adam_steps(optimizer)
     if scheduler is not None:
         scheduler.load_state_dict(loaded["scheduler"])
     return loaded["progress"]

@@ -17,6 +17,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from slime.backends.megatron.conversion import ModelConverter
+from slime.backends.megatron.lora.targets import is_adapter_param
 from slime.backends.megatron.sharding import (
     gathered_global_tensors,
     named_global_params,
@@ -102,7 +103,8 @@ def iter_hf_weights(
     tensor- and expert-parallel groups)."""
     for chunk in model_chunks:
         for name, full in gathered_global_tensors(chunk, gated):
-            yield from converter.hf_from_megatron(name, full)
+            if not is_adapter_param(name):  # LoRA's adapters go out as a PEFT adapter (lora.peft_io)
+                yield from converter.hf_from_megatron(name, full)
 
 
 def stream_hf_weights(

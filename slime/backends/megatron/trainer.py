@@ -43,6 +43,13 @@ from slime.backends.megatron.hf_checkpoint import (
     stream_hf_weights,
 )
 from slime.backends.megatron.logprobs import token_logprobs_and_entropy
+from slime.backends.megatron.lora.layers import attach_lora
+from slime.backends.megatron.lora.peft_io import (
+    gather_lora_weights,
+    iter_lora_weights,
+    load_peft_adapter,
+    write_peft_adapter,
+)
 from slime.backends.megatron.loss import LossFn, build_loss_fn, old_log_probs_are_current
 from slime.backends.megatron.model import build_model_chunks, build_optimizer, wrap_for_training
 from slime.backends.megatron.mrope_positions import read_mrope_config
@@ -140,6 +147,11 @@ class MegatronTrainer:
         chunks = build_model_chunks(settings, self.config, self.device)
         gated = settings.model.swiglu
         load_hf_weights(chunks, settings.checkpoint.hf_checkpoint, self.converter, gated=gated)
+        lora = settings.lora
+        if lora.enabled:  # before DDP: the frozen base gets no gradient buffer and no optimizer state
+            attach_lora(chunks, lora, settings.seed, gated)
+            if lora.adapter_path is not None:
+                load_peft_adapter(chunks, lora.adapter_path, self.converter, gated, lora)
         self.is_critic = settings.is_critic
         if self.is_critic:
             attach_value_heads(chunks, settings.model.hidden_size)
@@ -422,8 +434,34 @@ class MegatronTrainer:
         )
         return merged if dist.get_rank() == 0 else None
 
+    def iter_lora_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """This pipeline stage's LoRA adapters as full HF PEFT tensors (``base_model.model.<module>
+        .lora_A.weight`` / ``.lora_B.weight``; a collective over tensor-parallel ranks)."""
+        self._gather_params()
+        return iter_lora_weights(self.model, self.converter, gated=self.settings.model.swiglu)
+
+    def lora_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Every pipeline stage's adapters on global rank 0 (None elsewhere; a collective)."""
+        self._gather_params()
+        return gather_lora_weights(self.model, self.converter, gated=self.settings.model.swiglu)
+
+    def save_lora_hf(self, directory: str) -> str | None:
+        """Writes the adapter as HF PEFT does (``adapter_config.json``, ``adapter_model.safetensors``)
+        from rank 0 (a collective); its path on rank 0."""
+        weights = self.lora_state_dict()
+        if weights is None:
+            return None
+        return write_peft_adapter(
+            directory, weights, self.settings.lora, self.settings.checkpoint.hf_checkpoint
+        )
+
     def save_hf(self, directory: str, bucket_bytes: int) -> str | None:
-        """Writes an HF checkpoint from rank 0, bucket by bucket (collective); its path on rank 0."""
+        """Writes an HF checkpoint from rank 0, bucket by bucket (collective); its path on rank 0.
+
+        With LoRA the adapter instead: the frozen base is ``--hf-checkpoint`` bit for bit, and the
+        adapter's ``base_model_name_or_path`` names it (PEFT and transformers load the pair)."""
+        if self.settings.lora.enabled:
+            return self.save_lora_hf(directory)
         hf_checkpoint = self.settings.checkpoint.hf_checkpoint
         writer = HFCheckpointWriter(hf_checkpoint, directory) if dist.get_rank() == 0 else None
         self.stream_hf_weights(bucket_bytes, writer.add if writer is not None else lambda bucket: None)

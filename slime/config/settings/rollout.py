@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from slime.config.engine_backend import resolve_backend
 from slime.config.settings.flags import read_flags
+from slime.config.settings.lora import LoraSettings, engine_server_args
 from slime.config.settings.router import RouterSettings
 
 
@@ -100,7 +101,8 @@ class EngineSettings:
     seed: int
     """``--rollout-seed``: engine ``k`` gets ``--random-seed seed + k``."""
     server_args: tuple[tuple[str, object], ...] = ()
-    """The ``--sglang-*`` flags, as (snake_case name, value) pairs."""
+    """The ``--sglang-*`` flags, as (snake_case name, value) pairs, after the LoRA flags slime derives
+    from ``--lora-*`` (``engine_server_args``)."""
     torch_engine_sglang_release: str = ""
     """``--torch-engine-sglang-release``: the SGLang protocol the torch engine speaks."""
     num_gpus: int = 0
@@ -118,11 +120,12 @@ class EngineSettings:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EngineSettings:
+        derived = engine_server_args(LoraSettings.from_args(args))
         return cls(
             backend=resolve_backend(args.rollout_backend),
             hf_checkpoint=args.hf_checkpoint,
             seed=args.rollout_seed,
-            server_args=tuple((args.sglang_server_args or {}).items()),
+            server_args=tuple({**derived, **(args.sglang_server_args or {})}.items()),
             torch_engine_sglang_release=args.torch_engine_sglang_release,
             num_gpus=args.rollout_num_gpus or 0,
             num_gpus_per_engine=args.rollout_num_gpus_per_engine,

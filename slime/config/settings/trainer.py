@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slime.config.settings.flags import read_flags
+from slime.config.settings.lora import LoraSettings
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -288,6 +289,8 @@ class TrainerSettings:
     old, reference and current log-probs are those of the distribution the rollout came from (SGLang
     reports ``log_softmax(logits / T)``); greedy sampling (0) trains at 1, as SGLang samples it as
     top-k 1 at temperature 1. SFT fits the data's own distribution: 1."""
+    lora: LoraSettings
+    """``--lora-rank`` > 0: the base is frozen and low-rank adapters train instead."""
 
     @property
     def is_critic(self) -> bool:
@@ -325,6 +328,7 @@ class TrainerSettings:
             colocate=bool(args.colocate),
             num_rollout=args.num_rollout,
             temperature=1.0 if sft else training_temperature(args.rollout_temperature),
+            lora=LoraSettings.from_args(args),
         )
 
 

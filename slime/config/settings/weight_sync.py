@@ -8,7 +8,9 @@ by hand).
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from slime.config.settings.lora import LoraSettings
 
 
 @dataclass(frozen=True)
@@ -23,7 +25,12 @@ class WeightSyncSettings:
     ranks_per_engine: int = 1
     """``--rollout-num-gpus-per-engine``: the engine's tensor-parallel ranks, each a receiver."""
     disk_dir: str | None = None
-    """``--update-weight-disk-dir``: where the disk transport writes its snapshots."""
+    """``--update-weight-disk-dir``: where the disk transport writes its snapshots (and LoRA pushes
+    that are not colocated their adapter directories)."""
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    """``--lora-*``: when the engines serve an adapter, a push sends the adapter alone."""
+    hf_checkpoint: str | None = None
+    """``--hf-checkpoint``: the base an exported adapter names."""
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> WeightSyncSettings:
@@ -33,4 +40,6 @@ class WeightSyncSettings:
             timeout_s=float(args.update_weights_timeout),
             ranks_per_engine=int(args.rollout_num_gpus_per_engine),
             disk_dir=args.update_weight_disk_dir,
+            lora=LoraSettings.from_args(args),
+            hf_checkpoint=args.hf_checkpoint,
         )

@@ -366,34 +366,6 @@ def tiny_vlm(directory: Path) -> Path:
 
 def run_ranks(model_dir: Path, out_dir: Path, world: int) -> list[dict[str, Any]]:
     """Runs this module on ``world`` gloo ranks (tensor parallelism ``world``); each rank's results."""
-    import subprocess
+    from tests.support.gloo_ranks import run_gloo_ranks
 
-    from slime.utils.http import free_port
-    from tests.support.paths import REPO
-
-    port = str(free_port())
-    env = {**os.environ, "SLIME_FORCE_CPU": "1", "PYTHONWARNINGS": "ignore"}
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.support.vlm_megatron",
-                str(model_dir),
-                str(out_dir),
-                str(rank),
-                str(world),
-                port,
-            ],
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in range(world)
-    ]
-    logs = [proc.communicate(timeout=300)[0] for proc in procs]
-    for proc, log in zip(procs, logs, strict=True):
-        assert proc.returncode == 0, log[-4000:]
-    return [torch.load(out_dir / f"rank{rank}.pt", weights_only=False) for rank in range(world)]
+    return run_gloo_ranks("tests.support.vlm_megatron", [str(model_dir)], out_dir, world)

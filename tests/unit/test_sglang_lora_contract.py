@@ -20,9 +20,7 @@ Facts pinned (both releases unless said):
 
 from __future__ import annotations
 
-import ast
 import re
-import textwrap
 import typing
 from pathlib import Path
 from typing import Any
@@ -31,15 +29,7 @@ import pytest
 
 from slime.backends.torch_engine import lora
 from slime.config.sglang_args import FallbackServerArgs
-from tests.unit.test_sglang_wheels import RELEASES, source, struct_fields
-
-
-def _function(path: Path, name: str) -> str:
-    text = path.read_text()
-    for node in ast.walk(ast.parse(text)):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
-            return textwrap.dedent(ast.get_source_segment(text, node) or "")
-    raise AssertionError(f"{name} is not in {path}")
+from tests.unit.test_sglang_wheels import RELEASES, function_source, source, struct_fields
 
 
 def _flat(text: str) -> str:
@@ -123,17 +113,17 @@ def test_lora_endpoints_answer_200_or_400(release: str) -> None:
         ("/unload_lora_adapter", "unload_lora_adapter"),
     ):
         assert f'@app.api_route("{path}", methods=["POST"])' in text
-        body = _function(source(release) / "entrypoints" / "http_server.py", handler)
+        body = function_source(source(release) / "entrypoints" / "http_server.py", handler)
         assert "status_code = HTTPStatus.OK if result.success else HTTPStatus.BAD_REQUEST" in body
         assert "ORJSONResponse(msgspec_to_builtins(result), status_code=status_code)" in body
-    assert '{"error": {"message": str(e)}}' in _function(
+    assert '{"error": {"message": str(e)}}' in function_source(
         source(release) / "entrypoints" / "http_server.py", "_create_error_response"
     )
 
 
 @pytest.mark.parametrize("release", RELEASES)
 def test_adapter_tensors_are_a_dict_or_a_flattened_bucket(release: str) -> None:
-    body = _function(source(release) / "managers" / "tp_worker.py", "load_lora_adapter_from_tensors")
+    body = function_source(source(release) / "managers" / "tp_worker.py", "load_lora_adapter_from_tensors")
     assert 'if recv_req.load_format == "flattened_bucket":' in body
     assert "tensors = dict(bucket.reconstruct_tensors())" in body
     assert "tensors = data" in body
@@ -176,7 +166,9 @@ def test_target_names_are_normalized_as_sglang_does(release: str) -> None:
     """``lora/utils.py`` ``get_normalized_target_modules``, run against the engine's on the same names."""
     path = source(release) / "lora" / "utils.py"
     namespace: dict[str, Any] = {"Union": typing.Union, "Iterable": typing.Iterable}
-    exec(_function(path, "get_normalized_target_modules"), namespace)  # SGLang's own code, from the wheel
+    exec(
+        function_source(path, "get_normalized_target_modules"), namespace
+    )  # SGLang's own code, from the wheel
     theirs = namespace["get_normalized_target_modules"]
     cases: list[Any] = [["q_proj"], ["k_proj", "v_proj", "o_proj"], list(lora.LINEAR_TARGETS), "all-linear"]
     cases += [["gate_proj", "up_proj", "down_proj"], ["self_attn.q_proj"], ["q_a_proj", "kv_b_proj"]]

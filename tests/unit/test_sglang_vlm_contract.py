@@ -8,9 +8,7 @@ conditions the engine copies are looked up in the named file, so an upstream cha
 
 from __future__ import annotations
 
-import ast
 import re
-import textwrap
 import typing
 from pathlib import Path
 from typing import Any
@@ -18,16 +16,7 @@ from typing import Any
 import pytest
 
 from slime.backends.torch_engine import protocol, vision
-from tests.unit.test_sglang_wheels import RELEASES, source
-
-
-def _function(path: Path, name: str) -> str:
-    """The source of the (first) function or method ``name`` in ``path``, dedented."""
-    text = path.read_text()
-    for node in ast.walk(ast.parse(text)):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
-            return textwrap.dedent(ast.get_source_segment(text, node) or "")
-    raise AssertionError(f"{name} is not in {path}")
+from tests.unit.test_sglang_wheels import RELEASES, function_source, source
 
 
 def _has(text: str, *lines: str) -> bool:
@@ -37,7 +26,7 @@ def _has(text: str, *lines: str) -> bool:
 
 def _load(path: Path, name: str) -> Any:
     namespace: dict[str, Any] = {"List": typing.List, "Optional": typing.Optional}  # noqa: UP006
-    exec(_function(path, name), namespace)  # SGLang's own code, from the wheel this test pins
+    exec(function_source(path, name), namespace)  # SGLang's own code, from the wheel this test pins
     return namespace[name]
 
 
@@ -105,13 +94,13 @@ def test_image_loading_messages(release: str) -> None:
     ``multimodal/processors/base_processor.py``, ``entrypoints/http_server.py``)."""
     root = source(release)
     common = (root / "utils/common.py").read_text()
-    get_bytes = _function(root / "utils/common.py", "get_image_bytes")
+    get_bytes = function_source(root / "utils/common.py", "get_image_bytes")
     assert 'image_file.startswith(("file://", "/"))' in get_bytes
     assert 'image_file.split(",", 1)' in get_bytes
     assert get_bytes.count("pybase64.b64decode(") == 2 and "validate=True" in get_bytes
     assert 'raise ValueError(f"Could not decode image: {e}") from e' in common
     base = (root / "multimodal/processors/base_processor.py").read_text()
-    single = _function(root / "multimodal/processors/base_processor.py", "_load_single_item")
+    single = function_source(root / "multimodal/processors/base_processor.py", "_load_single_item")
     assert 'data_str = data_str[:100] + "..."' in single
     assert 'raise ValueError(f"Error while loading data {data_str}: {e}") from e' in single
     assert 'raise RuntimeError(f"Error while loading data {data_str}: {e}") from e' in single
@@ -124,7 +113,7 @@ def test_image_loading_messages(release: str) -> None:
         '{"error": {"message": str(e)}},',
         'status_code=getattr(e, "status_code", HTTPStatus.BAD_REQUEST)',
     )
-    serve = _function(
+    serve = function_source(
         root / "entrypoints/http_server.py",
         "serve_generate_request" if release != "0.5.19" else "generate_request",
     )
@@ -140,10 +129,12 @@ def test_placeholder_count_rules(release: str) -> None:
     newer = protocol.release(release).multimodal_0_5_23
     regex = vision.PLACEHOLDER_PATTERN + ("|<image>" if newer else "")
     assert f'r"{regex}"' in qwen
-    legacy = _function(root / "multimodal/processors/base_processor.py", "legacy_load_mm_data")
+    legacy = function_source(root / "multimodal/processors/base_processor.py", "legacy_load_mm_data")
     if newer:
         assert "raise _placeholder_mismatch_error(" in legacy
-        error = _function(root / "multimodal/processors/base_processor.py", "_placeholder_mismatch_error")
+        error = function_source(
+            root / "multimodal/processors/base_processor.py", "_placeholder_mismatch_error"
+        )
         assert 'f"Prompt has {num_placeholders} {name} placeholders "' in error
         assert 'f"but {num_items} {name} inputs were provided"' in error
     else:
@@ -152,7 +143,7 @@ def test_placeholder_count_rules(release: str) -> None:
             legacy, "raise RuntimeError(", 'f"An exception occurred while loading multimodal data: {e}"'
         )
     # Extra images are dropped: the loader stops at the last placeholder.
-    submit = _function(root / "multimodal/processors/base_processor.py", "submit_data_loading_tasks")
+    submit = function_source(root / "multimodal/processors/base_processor.py", "submit_data_loading_tasks")
     assert "More '{modality.name}' tokens found than corresponding data provided." in submit
     # Qwen2.5-VL takes the uncached path: no preprocess cache by default, artifacts for Qwen3-VL only,
     # and images reach the HF processor unresized (smart_resize is for videos).
@@ -163,7 +154,7 @@ def test_placeholder_count_rules(release: str) -> None:
     if "uses_media_artifacts_without_cache = self.model_type in (" in qwen:
         start = qwen.index("uses_media_artifacts_without_cache = self.model_type in (")
         assert '"qwen2_5_vl"' not in qwen[start : qwen.index(")", start)]
-    assert "smart_resize(" not in _function(
+    assert "smart_resize(" not in function_source(
         root / "multimodal/processors/qwen_vl.py",
         "_process_mm_data_uncached" if newer else "process_mm_data_async",
     )

@@ -21,6 +21,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -120,6 +121,16 @@ def test_the_real_server_args_of_0_5_23_give_the_sglang_flags() -> None:
 
 
 # ---- request structs -----------------------------------------------------------------------------
+
+
+def function_source(path: Path, name: str) -> str:
+    """The source of the (first) function or method ``name`` in ``path``, dedented: a release's own
+    code, for the contract tests that run or read it."""
+    text = path.read_text()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+            return textwrap.dedent(ast.get_source_segment(text, node) or "")
+    raise AssertionError(f"{name} is not in {path}")
 
 
 def struct_fields(path: Path) -> dict[str, set[str]]:

@@ -7,9 +7,7 @@ One engine runs in this process behind its real aiohttp app (see test_torch_engi
 
 from __future__ import annotations
 
-import asyncio
 import re
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,14 +15,12 @@ from typing import Any
 import pytest
 import requests
 import torch
-from aiohttp import web
 
 from slime.backends.torch_engine.engine import TorchEngine
 from slime.backends.torch_engine.protocol import ProtocolError
-from slime.backends.torch_engine.server import create_app
 from slime.backends.torch_engine.server_args import parse_server_args
-from slime.utils.http import free_port
 from slime.weight_sync import ipc
+from tests.support.served_engine import ServedEngine
 from tools.make_tiny_model import make_tiny_model
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -32,32 +28,8 @@ PROMPT = [5, 17, 42, 7, 77, 3, 64, 12]
 OTHER = [8, 1, 33, 2, 90]
 
 
-class Served:
+class Served(ServedEngine):
     """An engine with LoRA on and its app on a loop thread."""
-
-    def __init__(self, argv: list[str]) -> None:
-        torch.set_num_threads(1)
-        self.engine = TorchEngine(parse_server_args([*argv, "--random-seed", "0"]))
-        self.engine.start()
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.loop = asyncio.new_event_loop()
-        self.runner = web.AppRunner(create_app(self.engine))
-        ready = threading.Event()
-
-        def serve() -> None:
-            asyncio.set_event_loop(self.loop)
-            self.loop.run_until_complete(self.runner.setup())
-            self.loop.run_until_complete(web.TCPSite(self.runner, "127.0.0.1", self.port).start())
-            ready.set()
-            self.loop.run_forever()
-
-        self.thread = threading.Thread(target=serve, daemon=True)
-        self.thread.start()
-        ready.wait(30)
-
-    def post(self, path: str, body: dict[str, Any]) -> requests.Response:
-        return requests.post(f"{self.url}{path}", json=body, timeout=60)
 
     def logprobs(
         self, ids: list[Any], lora_path: Any = None, new_tokens: int = 3, prompt: bool = True
@@ -76,11 +48,6 @@ class Served:
         assert response.status_code == 200, response.text
         reply = response.json()
         return reply if isinstance(reply, list) else [reply]
-
-    def close(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
 
 
 def make_adapter(

@@ -13,7 +13,6 @@ import base64
 import concurrent.futures
 import io
 import logging
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,15 +21,11 @@ from typing import Any
 import pytest
 import requests
 import torch
-from aiohttp import web
 
-from slime.backends.torch_engine.engine import TorchEngine
 from slime.backends.torch_engine.protocol import UnhandledError
-from slime.backends.torch_engine.server import create_app
-from slime.backends.torch_engine.server_args import parse_server_args
 from slime.backends.torch_engine.vision import VisionProcessor
 from slime.backends.torch_engine.weights import serialize_named_tensors
-from slime.utils.http import free_port
+from tests.support.served_engine import ServedEngine
 from tools.make_tiny_model import IMAGE_PAD, VISION_END, VISION_START, make_tiny_model
 
 PROMPT = f"<|im_start|>user\n{VISION_START}{IMAGE_PAD}{VISION_END}Colour?<|im_end|>\n<|im_start|>assistant\n"
@@ -52,42 +47,13 @@ def data_url(color: str) -> str:
     return "data:image/png;base64," + base64.b64encode(_png(color)).decode()
 
 
-class Served:
+class Served(ServedEngine):
     """The engine and its app on a loop thread; ``url`` takes HTTP requests."""
-
-    def __init__(self, model: Path) -> None:
-        torch.set_num_threads(1)
-        self.engine = TorchEngine(parse_server_args(["--model-path", str(model), "--random-seed", "0"]))
-        self.engine.start()
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.loop = asyncio.new_event_loop()
-        self.runner = web.AppRunner(create_app(self.engine))
-        ready = threading.Event()
-
-        def serve() -> None:
-            asyncio.set_event_loop(self.loop)
-            self.loop.run_until_complete(self.runner.setup())
-            self.loop.run_until_complete(web.TCPSite(self.runner, "127.0.0.1", self.port).start())
-            ready.set()
-            self.loop.run_forever()
-
-        self.thread = threading.Thread(target=serve, daemon=True)
-        self.thread.start()
-        ready.wait(30)
-
-    def post(self, path: str, body: dict[str, Any]) -> requests.Response:
-        return requests.post(f"{self.url}{path}", json=body, timeout=60)
 
     def generate(self, **body: Any) -> Any:
         response = self.post("/generate", body)
         assert response.status_code == 200, response.text
         return response.json()
-
-    def close(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +63,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def served(model_dir: Path) -> Iterator[Served]:
-    server = Served(model_dir)
+    server = Served(["--model-path", str(model_dir)])
     yield server
     server.close()
 

@@ -252,6 +252,14 @@ def add_weight_sync_arguments(parser: argparse.ArgumentParser) -> None:
         "only the latest snapshot is kept).",
     )
     g.add_argument(
+        "--check-weight-update-equal",
+        action="store_true",
+        help="Debug the weight sync: before the first push every engine snapshots its weights and fills "
+        "them with noise (SGLang's /weights_checker), after it they must equal the snapshot; the run stops "
+        "naming the engine and the tensors otherwise. With LoRA the base is not reset (it is never pushed) "
+        "and each colocated adapter push is checked by a sha256 per tensor.",
+    )
+    g.add_argument(
         "--update-weights-interval",
         type=positive_int,
         default=1,

@@ -66,6 +66,11 @@ def load_lora_adapter_from_tensors(
     return post_all(urls, "/load_lora_adapter_from_tensors", payload, timeout)
 
 
+def check_weights(urls: list[str], payload: dict[str, Any], timeout: float) -> list[Future[Any]]:
+    """``/weights_checker``: snapshot, reset_tensors or compare every engine's weights (a debug aid)."""
+    return post_all(urls, "/weights_checker", payload, timeout)
+
+
 def update_weight_version(urls: list[str], payload: dict[str, Any], timeout: float) -> list[Future[Any]]:
     """``/update_weight_version``: the version the engines' replies report (set by a LoRA push, whose
     loads do not carry one)."""

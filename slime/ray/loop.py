@@ -93,6 +93,7 @@ class RolloutLoop:
         """Engines take the trainer's weights (they differ after ``--load``); evaluation before training."""
         settings, session = self.settings, self.session
         session.push_weights(self.version)
+        session.check_weight_update()  # --check-weight-update-equal
         session.hand_gpus_to_engines()  # --colocate: the trainer's state leaves the GPUs it shares
         if settings.eval_interval and not settings.skip_eval_before_train:
             rollout_id = session.start_rollout_id - 1

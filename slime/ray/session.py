@@ -18,8 +18,9 @@ from ray.util.placement_group import PlacementGroup
 
 from slime.config.settings.run import RunSettings
 from slime.engine_client import control, memory
+from slime.engine_client.calls import EngineCallError, wait_all
 from slime.engine_client.timeouts import ERROR_PATH_TIMEOUT_S
-from slime.engine_client.weight_updates import weight_update_session
+from slime.engine_client.weight_updates import check_weights, weight_update_session
 from slime.ray.cluster import bundle_order, create_placement_group, release_placement_group, start_ray
 from slime.ray.engines import external_engine_url
 from slime.ray.trainer_group import TrainerGroup
@@ -149,11 +150,14 @@ class TrainingSession:
             # the first push takes the weights' part back, hand_gpus_to_engines the KV cache.
             engine_urls, _router_url = ray.get(engine_urls_ref)
             self.engine_urls = list(engine_urls)
+            self._prepare_weight_check()
             self._engine_memory(memory.release, self._released_by_engines())
             loaded = self.trainer.init()
         else:  # engines load their weights while the trainer builds its model
             loaded = self.trainer.init() if self.trainer is not None else None
             engine_urls, _router_url = ray.get(engine_urls_ref)
+            self.engine_urls = list(engine_urls)
+            self._prepare_weight_check()
         if loaded is not None:
             self.start_rollout_id = loaded + 1
             ray.get(self.rollout.load.remote(loaded))
@@ -163,6 +167,31 @@ class TrainingSession:
         if engines and self.trainer is not None:
             urls = self.engine_urls + self.external_urls
             self.trainer.connect_engines(urls)
+
+    def _prepare_weight_check(self) -> None:
+        """``--check-weight-update-equal``, before the first push: every engine snapshots the weights it
+        loaded and overwrites them with noise, so that only a complete push can make them equal again
+        (``check_weight_update``). With LoRA the base is never pushed: snapshot only."""
+        if not (self.weight_sync.check_equal and self.trainer is not None and self.engine_urls):
+            return
+        actions = ["snapshot"] if self.weight_sync.lora.enabled else ["snapshot", "reset_tensors"]
+        for action in actions:
+            wait_all(check_weights(self.engine_urls, {"action": action}, self.weight_sync.timeout_s))
+
+    def check_weight_update(self) -> None:
+        """``--check-weight-update-equal``, after the first push: every engine's weights equal the
+        snapshot; else the run stops naming the engine and the first tensors that differ."""
+        if not (self.weight_sync.check_equal and self.trainer is not None and self.engine_urls):
+            return
+        try:
+            wait_all(check_weights(self.engine_urls, {"action": "compare"}, self.weight_sync.timeout_s))
+        except EngineCallError as exc:
+            found = exc.engine_message.replace("check tensor equality failed:", "").strip().splitlines()
+            shown = "; ".join(found[:3]) + (f"; and {len(found) - 3} more" if len(found) > 3 else "")
+            raise EngineCallError(
+                exc.url, exc.path, f"weights differ after the first push: {shown}"
+            ) from None
+        logger.info("--check-weight-update-equal: every engine's weights equal its checkpoint after the push")
 
     def _register_external(self, addr: str) -> str:
         """An engine slime did not start, added to the router once checked. It is updated with the

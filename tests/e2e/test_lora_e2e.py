@@ -30,7 +30,7 @@ def test_grpo_with_lora_pushes_only_the_adapter_and_stays_on_policy(ray_cluster,
 
     extra = ("--colocate",) if colocate else ()
     flags = tiny_run_flags(
-        *extra, "--lora-rank", "8", "--lora-alpha", "16",
+        *extra, "--lora-rank", "8", "--lora-alpha", "16", "--check-weight-update-equal",
         actor_num_gpus_per_node=2, rollout_num_gpus=2, num_rollout=3, lr="1e-2",
         rollout_temperature="0.7", rm_type=None,
         custom_rm_path=f"{PLUGINS / 'length_reward.py'}:first_character_reward",

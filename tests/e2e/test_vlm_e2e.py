@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from slime.config import parse_args
 from tests.support.plugins import __file__ as _plugins_init
@@ -66,10 +67,11 @@ def test_grpo_on_the_tiny_vlm_is_on_policy_and_the_vision_tower_reaches_every_en
     from slime.config.settings.run import RunSettings
     from slime.ray.loop import RolloutLoop
     from slime.ray.session import TrainingSession
+    from slime.utils.http import post_json_sync
     from tests.support.engines import engine_weights_equal
 
     extra = {
-        "distributed": (),
+        "distributed": ("--check-weight-update-equal",),
         "tensor": ("--colocate",),
         "disk": (
             "--update-weight-transport",
@@ -90,26 +92,39 @@ def test_grpo_on_the_tiny_vlm_is_on_policy_and_the_vision_tower_reaches_every_en
     args = parse_args(flags)
     check_implemented(args)
     assert args.update_weight_transport == transport
-    with TrainingSession(RunSettings.from_args(args)) as session, RolloutLoop(session) as loop:
-        for rollout_id in loop.rollout_ids():  # train.py's order of events
-            batch = loop.generate(rollout_id)
-            images, valid = batch.data["multimodal_train_inputs"], batch.data["valid_rewards"]
-            # The broken picture's group failed (no image, nothing trained); the run went on.
-            assert valid == [True, True, False, False, True, True, True, True]
-            assert [item is None for item in images] == [not v for v in valid]
-            assert all(item["image_grid_thw"].tolist() == [[1, 4, 4]] for item in images if item is not None)
-            assert batch.data["loss_masks"][2] == [0] * len(batch.data["loss_masks"][2])
-            session.hand_gpus_to_trainer()
-            metrics = loop.train(batch)
-            if rollout_id == 0:
-                print({key: value for key, value in metrics.items() if key.startswith("train/")})
-                assert metrics["train/ppo_kl"] == pytest.approx(0.0, abs=1e-6)
-                assert metrics["train/train_rollout_logprob_abs_diff"] <= 1e-4
-                assert metrics["train/grad_norm"] > 0
-            loop.push_weights()
-            expected = session.trainer.hf_state_dict()
-            session.hand_gpus_to_engines()
-            assert any(name.startswith("visual.") for name in expected)
-            for url in ray.get(session.rollout.engine_urls.remote()):
-                engine_weights_equal(url, expected)
-            loop.finish(rollout_id, metrics)
+    with TrainingSession(RunSettings.from_args(args)) as session:
+        if transport == "distributed":  # --check-weight-update-equal: noise until the first push
+            from safetensors.torch import load_file
+
+            name = "visual.merger.mlp.2.bias"
+            loaded = load_file(vlm_task[0] / "model.safetensors")[name]
+            url = ray.get(session.rollout.engine_urls.remote())[0]
+            noisy = post_json_sync(
+                f"{url}/get_weights_by_name", {"name": name, "truncate_size": loaded.numel()}
+            )
+            assert not torch.equal(torch.tensor(noisy).flatten(), loaded.flatten())
+        with RolloutLoop(session) as loop:  # start: the first push, then the check that it restored all
+            for rollout_id in loop.rollout_ids():  # train.py's order of events
+                batch = loop.generate(rollout_id)
+                images, valid = batch.data["multimodal_train_inputs"], batch.data["valid_rewards"]
+                # The broken picture's group failed (no image, nothing trained); the run went on.
+                assert valid == [True, True, False, False, True, True, True, True]
+                assert [item is None for item in images] == [not v for v in valid]
+                assert all(
+                    item["image_grid_thw"].tolist() == [[1, 4, 4]] for item in images if item is not None
+                )
+                assert batch.data["loss_masks"][2] == [0] * len(batch.data["loss_masks"][2])
+                session.hand_gpus_to_trainer()
+                metrics = loop.train(batch)
+                if rollout_id == 0:
+                    print({key: value for key, value in metrics.items() if key.startswith("train/")})
+                    assert metrics["train/ppo_kl"] == pytest.approx(0.0, abs=1e-6)
+                    assert metrics["train/train_rollout_logprob_abs_diff"] <= 1e-4
+                    assert metrics["train/grad_norm"] > 0
+                loop.push_weights()
+                expected = session.trainer.hf_state_dict()
+                session.hand_gpus_to_engines()
+                assert any(name.startswith("visual.") for name in expected)
+                for url in ray.get(session.rollout.engine_urls.remote()):
+                    engine_weights_equal(url, expected)
+                loop.finish(rollout_id, metrics)

@@ -208,7 +208,7 @@ RELEVANT = {
     "/update_weights_from_tensor", "/update_weights_from_disk", "/get_weights_by_name",
     "/update_weight_version", "/release_memory_occupation", "/resume_memory_occupation",
     "/begin_weight_update", "/end_weight_update", "/v1/loads", "/get_load", "/get_weight_version",
-    "/v1/models",
+    "/v1/models", "/weights_checker",
 }  # fmt: skip
 
 
@@ -453,3 +453,19 @@ def test_destroying_a_weight_update_group_pops_it_and_destroys_its_process_group
     ours = (REPO / "slime" / "backends" / "torch_engine" / "update_groups.py").read_text()
     assert '"Succeeded to destroy custom process group."' in ours
     assert '"The group to be destroyed does not exist."' in ours
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_weights_checker_actions_and_replies_the_torch_engine_mirrors(release: str) -> None:
+    """``/weights_checker`` (``--check-weight-update-equal``): the three actions slime drives,
+    ``"Success."`` on success (``scheduler_components/weight_updater.py``) and the comparison's
+    error text (``utils/weight_checker.py``), as the torch engine answers them."""
+    from slime.backends.torch_engine.weight_checker import ACTIONS
+
+    checker = (source(release) / "utils" / "weight_checker.py").read_text()
+    assert all(f'action == "{action}"' in checker for action in ACTIONS)
+    assert 'raise Exception(f"check tensor equality failed:\\n" + "\\n".join(error_messages))' in checker
+    updater = function_source(
+        source(release) / "managers/scheduler_components/weight_updater.py", "check_weights"
+    )
+    assert 'success=True, message="Success."' in updater

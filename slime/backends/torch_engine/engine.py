@@ -26,6 +26,7 @@ from slime.backends.torch_engine.scheduler import Scheduler
 from slime.backends.torch_engine.server_args import ServerArgs
 from slime.backends.torch_engine.update_groups import WeightUpdateGroups
 from slime.backends.torch_engine.vision import VisionProcessor
+from slime.backends.torch_engine.weight_checker import WeightChecker
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +82,7 @@ class TorchEngine:
             self.scheduler.lora_batch_fits = self.lora.batch_fits
         renames = weights.checkpoint_renames(self.runner.model) if self.runner.is_vlm else None
         self.weights = weights.WeightStore(self.runner.model, renames)
+        self.weight_checker = WeightChecker(self.runner.model)
         self.release = protocol.release(args.sglang_release)
         self.vision = (
             VisionProcessor(

@@ -359,6 +359,18 @@ async def get_weights_by_name(request: web.Request) -> web.Response:
     return web.json_response(values)
 
 
+async def check_weights(request: web.Request) -> web.Response:
+    """SGLang's ``/weights_checker`` (``weight_checker.py``): snapshot, reset_tensors, compare."""
+    engine = request.app[ENGINE]
+    body = await _body(request)
+    action, skip = str(body.get("action", "checksum")), body.get("skip_tensor_list")
+    try:
+        await _on_scheduler(engine, lambda: engine.weight_checker.handle(action, skip))
+    except ValueError as exc:
+        return _result(False, str(exc))
+    return _result(True, "Success.")
+
+
 # ---- weight updates -----------------------------------------------------------------------------
 
 
@@ -638,6 +650,7 @@ ROUTES: list[tuple[tuple[str, ...], str, Handler]] = [
     (("POST",), "/load_lora_adapter_from_tensors", load_lora_adapter_from_tensors),
     (("POST",), "/unload_lora_adapter", unload_lora_adapter),
     (("GET", "POST"), "/get_lora_weights_by_name", get_lora_weights_by_name),
+    (("GET", "POST"), "/weights_checker", check_weights),
 ]
 
 

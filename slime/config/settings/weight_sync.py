@@ -31,6 +31,8 @@ class WeightSyncSettings:
     """``--lora-*``: when the engines serve an adapter, a push sends the adapter alone."""
     hf_checkpoint: str | None = None
     """``--hf-checkpoint``: the base an exported adapter names."""
+    check_equal: bool = False
+    """``--check-weight-update-equal``: the first push must restore every engine's weights exactly."""
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> WeightSyncSettings:
@@ -42,4 +44,5 @@ class WeightSyncSettings:
             disk_dir=args.update_weight_disk_dir,
             lora=LoraSettings.from_args(args),
             hf_checkpoint=args.hf_checkpoint,
+            check_equal=bool(args.check_weight_update_equal),
         )

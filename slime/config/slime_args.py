@@ -28,6 +28,8 @@ def add_slime_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     rollout.add_data_loading_arguments(parser)
     train.add_algorithm_arguments(parser)
     rollout.add_reward_arguments(parser)
+    train.add_distillation_arguments(parser)
+    train.add_routing_replay_arguments(parser)
     train.add_lora_arguments(parser)
     train.add_weight_sync_arguments(parser)
     train.add_async_arguments(parser)

@@ -341,6 +341,14 @@ def add_reward_arguments(parser: argparse.ArgumentParser) -> None:
         "--rm-url", type=str, default=None, help="URL of a remote reward model (--rm-type remote)."
     )
     g.add_argument(
+        "--custom-reward-post-process-path",
+        type=str,
+        default=None,
+        help="Upstream slime's plugin fn(args, samples) -> (raw_rewards, rewards) over a rollout's samples: "
+        "rewards train as they are (no group normalisation), raw_rewards are logged; it may set "
+        "sample.teacher_log_probs for --use-opd (slime.rollout.on_policy_distillation.post_process_rewards).",
+    )
+    g.add_argument(
         "--reward-key", type=str, default=None, help="Key to read when the reward function returns a dict."
     )
     g.add_argument(

@@ -222,6 +222,91 @@ def add_lora_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_distillation_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("slime: on-policy distillation")
+    g.add_argument(
+        "--use-opd",
+        action="store_true",
+        help="On-policy distillation: a teacher engine scores every sampled token (a prefill of the sample) "
+        "and each token's advantage loses --opd-kl-coef × (log π_student − log π_teacher), after any "
+        "--advantage-estimator.",
+    )
+    g.add_argument(
+        "--opd-type",
+        choices=["sglang", "megatron"],
+        default=None,
+        help="Upstream slime's OPD modes: sglang (the teacher is served by engines; the default here) or "
+        "megatron (a teacher checkpoint forwarded by the trainer: not supported, serve it with "
+        "--opd-teacher-hf-checkpoint instead).",
+    )
+    g.add_argument(
+        "--opd-kl-coef",
+        type=float,
+        default=1.0,
+        help="Weight of the reverse KL to the teacher in the advantage.",
+    )
+    g.add_argument(
+        "--opd-teacher-urls",
+        nargs="+",
+        default=[],
+        metavar="NAME=URL",
+        help="Teachers served elsewhere (SGLang or slime's engine), by name: default=http://host:port. "
+        "A sample goes to the teacher its metadata[--opd-teacher-key] names, else to default.",
+    )
+    g.add_argument(
+        "--opd-teacher-hf-checkpoint",
+        type=str,
+        default=None,
+        help="HF checkpoint of a teacher that slime serves itself as the 'default' teacher: engines of their "
+        "own behind no router, on GPUs of their own, never given new weights.",
+    )
+    g.add_argument(
+        "--opd-teacher-num-engines",
+        type=positive_int,
+        default=1,
+        help="Engines serving --opd-teacher-hf-checkpoint.",
+    )
+    g.add_argument(
+        "--opd-teacher-num-gpus-per-engine",
+        type=positive_int,
+        default=None,
+        help="GPUs of one teacher engine (default: --rollout-num-gpus-per-engine).",
+    )
+    g.add_argument(
+        "--opd-teacher-key",
+        type=str,
+        default="teacher",
+        help="Sample metadata key that names a sample's teacher (a name of --opd-teacher-urls).",
+    )
+    g.add_argument(
+        "--opd-only",
+        action="store_true",
+        help="Pure distillation: the task reward is set to 0, the teacher's reverse KL is the only signal.",
+    )
+    g.add_argument(
+        "--opd-teacher-load",
+        type=str,
+        default=None,
+        help="Upstream slime's --opd-type megatron teacher checkpoint: refused here "
+        "(use --opd-teacher-hf-checkpoint).",
+    )
+
+
+def add_routing_replay_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("slime: MoE routing replay")
+    g.add_argument(
+        "--use-rollout-routing-replay",
+        action="store_true",
+        help="R3: engines return the experts each token was routed to and the trainer's MoE layers use "
+        "those (the routing weights still come from the trainer's router, so it trains).",
+    )
+    g.add_argument(
+        "--use-routing-replay",
+        action="store_true",
+        help="R2: the trainer records its routes in the old-log-prob forward and replays them in training.",
+    )
+
+
 def add_weight_sync_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("slime: weight sync")
     g.add_argument(

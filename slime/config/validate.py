@@ -28,6 +28,7 @@ from slime.config.errors import ConfigError
 from slime.config.hf_config import CONFIG_NAME
 from slime.config.reward_types import BOXED_PREFIX, BUILTIN_REWARD_TYPES
 from slime.config.settings.data import is_vision_checkpoint, parse_multimodal_keys
+from slime.config.settings.distillation import DEFAULT_TEACHER, parse_teacher_urls
 from slime.config.settings.lora import target_modules
 from slime.config.settings.router import RouterSettings
 from slime.config.sglang_args import check_sglang_server_args
@@ -684,6 +685,75 @@ def check_algorithm(args: argparse.Namespace) -> None:
     _check_off_policy_corrections(args)
     if args.advantage_estimator == "ppo":
         _check_critic(args)
+    _check_distillation(args)
+
+
+OPD_SERVED_TEACHER = (
+    "serve the teacher with --opd-teacher-hf-checkpoint PATH or --opd-teacher-urls default=URL"
+)
+
+
+def _check_distillation(args: argparse.Namespace) -> None:
+    """``--use-opd``: a ``default`` teacher that speaks the student's tokens, and no trainer-side teacher."""
+    if args.opd_type == "megatron" or args.opd_teacher_load is not None:
+        flag = "--opd-teacher-load" if args.opd_teacher_load is not None else "--opd-type"
+        raise ConfigError(
+            flag,
+            "a teacher forwarded by the trainer (--opd-type megatron) is not supported; "
+            + OPD_SERVED_TEACHER,
+        )
+    teachers = parse_teacher_urls(args.opd_teacher_urls or [])
+    if not args.use_opd:
+        given = [
+            flag
+            for flag, value in (
+                ("--opd-teacher-urls", teachers),
+                ("--opd-teacher-hf-checkpoint", args.opd_teacher_hf_checkpoint),
+                ("--opd-only", args.opd_only),
+                ("--opd-type", args.opd_type),
+            )
+            if value
+        ]
+        if given:
+            raise ConfigError(given[0], "has no effect without --use-opd; add --use-opd")
+        return
+    checkpoint = args.opd_teacher_hf_checkpoint
+    if checkpoint is not None and DEFAULT_TEACHER in teachers:
+        raise ConfigError(
+            "--opd-teacher-urls",
+            f"names a {DEFAULT_TEACHER!r} teacher and --opd-teacher-hf-checkpoint starts one; "
+            "keep one of the two",
+        )
+    if teachers and checkpoint is None and DEFAULT_TEACHER not in teachers:
+        raise ConfigError(
+            "--opd-teacher-urls",
+            f"needs a {DEFAULT_TEACHER}=URL teacher for samples whose "
+            f"metadata[{args.opd_teacher_key!r}] names none",
+        )
+    upstream_form = args.custom_reward_post_process_path is not None
+    if not teachers and checkpoint is None and not upstream_form:
+        raise ConfigError("--use-opd", f"needs a teacher: {OPD_SERVED_TEACHER}")
+    if checkpoint is not None:
+        if not (Path(checkpoint) / CONFIG_NAME).is_file():
+            raise ConfigError(
+                "--opd-teacher-hf-checkpoint",
+                f"{checkpoint} has no {CONFIG_NAME}; pass an HF model directory",
+            )
+        _check_same_tokenizer(args.hf_checkpoint, checkpoint)
+
+
+def _check_same_tokenizer(student: str, teacher: str) -> None:
+    """The teacher scores the student's token ids: both must map ids to the same strings."""
+    from transformers import AutoTokenizer
+
+    ours, theirs = (AutoTokenizer.from_pretrained(path, local_files_only=True) for path in (student, teacher))
+    if ours.get_vocab() != theirs.get_vocab():
+        raise ConfigError(
+            "--opd-teacher-hf-checkpoint",
+            f"{teacher}'s tokenizer differs from --hf-checkpoint {student}'s "
+            f"({len(theirs)} vs {len(ours)} tokens); "
+            "the teacher must score the student's token ids: pick a teacher of the same tokenizer",
+        )
 
 
 def _check_off_policy_corrections(args: argparse.Namespace) -> None:

@@ -27,7 +27,9 @@ The actor is threaded (``max_concurrency``) so that ``pause``/``resume`` reach t
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
+import dataclasses
 import logging
 import tempfile
 import time
@@ -39,11 +41,12 @@ from ray.util.placement_group import PlacementGroup
 
 from slime.config.settings.cluster import ClusterSettings
 from slime.config.settings.data import DataSettings
+from slime.config.settings.distillation import DEFAULT_TEACHER
 from slime.config.settings.eval import EvalSettings
 from slime.config.settings.fault_tolerance import FaultToleranceSettings
 from slime.config.settings.rollout import RolloutSettings
 from slime.ray.engine_recovery import EngineRecovery, EngineWatch
-from slime.ray.engines import DEFAULT_START_TIMEOUT_S, EnginePool, engine_failure
+from slime.ray.engines import DEFAULT_START_TIMEOUT_S, EnginePool, EngineStartError, engine_failure
 from slime.rollout.data_source import DataSource, KeptPositions, make_data_source
 from slime.rollout.errors import EngineFailure
 from slime.rollout.evaluation import EvalSet, eval_output_dir, load_eval_datasets, write_eval_samples
@@ -55,7 +58,9 @@ from slime.rollout.rollout_function import RolloutFunction
 from slime.rollout.router import Router
 from slime.rollout.train_data import (
     RolloutBatch,
+    apply_reward_post_process,
     require_rollout_log_probs,
+    require_teacher_log_probs,
     rollout_metrics,
     samples_to_train_data,
 )
@@ -89,11 +94,13 @@ class RolloutManager:
         data_source: DataSource | None = None,
         prompt_index: PromptIndex | None = None,
         eval_datasets: list[EvalSet] | None = None,
+        teacher_bundles: list[int] | None = None,
     ) -> None:
         """``plugin_args``: the run's namespace, for the plugins only. ``data_source`` /
         ``eval_datasets``: already read by the driver (which checks the data before starting
         anything); read from the settings when not given (``--streaming-data``: always, from the
-        driver's ``prompt_index`` of the file when given)."""
+        driver's ``prompt_index`` of the file when given). ``teacher_bundles``: where the OPD teacher's
+        engines go (``--opd-teacher-hf-checkpoint``)."""
         self.data, self.rollout, self.eval_settings = data, rollout, eval
         self.fault_tolerance = fault_tolerance
         self.plugin_args = plugin_args
@@ -102,6 +109,19 @@ class RolloutManager:
         self.log_dir = log_dir or run_log_dir()
         self.engines = EnginePool(rollout.engine, cluster, pg, bundle_indices, self.log_dir)
         self.router = Router(self.log_dir, settings=rollout.router) if bundle_indices else None
+        self.teachers: EnginePool | None = None
+        if rollout.opd.enabled and rollout.sampling.temperature != 1.0:
+            logger.warning(
+                "--use-opd with --rollout-temperature %g: the teacher's log-probs are at temperature 1 "
+                "(SGLang scores prompts on raw logits), the student's at %g; the reverse KL compares the two",
+                rollout.sampling.temperature,
+                rollout.sampling.temperature,
+            )
+        if rollout.teacher_engine is not None and teacher_bundles:
+            teacher_logs = Path(self.log_dir) / "teacher"
+            teacher_logs.mkdir(parents=True, exist_ok=True)
+            teacher = rollout.teacher_engine
+            self.teachers = EnginePool(teacher, cluster, pg, teacher_bundles, str(teacher_logs))
         if data_source is None:
             data_source = make_data_source(data, plugin_args, prompt_index)
         self.data_source = data_source
@@ -125,10 +145,13 @@ class RolloutManager:
             return [], None
         logger.info("rollout logs in %s", self.log_dir)
         try:
-            router_url = self.router.start()
-            urls = self.engines.start(timeout_s)
-            for url in urls:
-                self.router.add_worker(url)
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                teachers = pool.submit(self._start_teachers, timeout_s)
+                router_url = self.router.start()
+                urls = self.engines.start(timeout_s)
+                for url in urls:
+                    self.router.add_worker(url)
+                teachers.result()
         except BaseException:
             self.shutdown()
             raise
@@ -142,6 +165,25 @@ class RolloutManager:
         self.plugin_args = with_router(self.plugin_args, router_url)
         self._bind_plugin_args()
         return urls, router_url
+
+    def _start_teachers(self, timeout_s: float) -> None:
+        """Starts the OPD teacher's engines (with the rollout engines) and makes them the ``default``
+        teacher the rollout asks, one engine after another."""
+        if self.teachers is None:
+            return
+        try:
+            urls = self.teachers.start(timeout_s)
+        except EngineStartError as error:
+            raise EngineStartError(f"OPD teacher {self.rollout.opd.teacher_hf_checkpoint}: {error}") from None
+        opd = self.rollout.opd
+        teacher_urls = {**opd.teacher_urls, DEFAULT_TEACHER: " ".join(urls)}
+        opd = dataclasses.replace(opd, teacher_urls=teacher_urls)
+        self.rollout = dataclasses.replace(self.rollout, opd=opd)
+        logger.info("OPD teacher engines: %s", ", ".join(urls))
+
+    def teacher_urls(self) -> list[str]:
+        """The URLs of the OPD teacher engines this manager started (none without a teacher checkpoint)."""
+        return list(self.teachers.urls) if self.teachers is not None else []
 
     def _bind_plugin_args(self) -> None:
         """slime's default plugins, called with ``plugin_args``, read this manager's settings."""
@@ -157,8 +199,16 @@ class RolloutManager:
             output, seconds = self.rollout_fn(self.plugin_args, rollout_id, self.data_source)
         self.reward_failures.observe(rollout_id, output.groups)
         require_rollout_log_probs(self.rollout, output.groups)
+        trained_rewards = None
+        if (post_process := self.rollout.reward.custom_reward_post_process_path) is not None:
+            raw, trained_rewards = apply_reward_post_process(post_process, self.plugin_args, output.groups)
+            for sample, value in zip((s for group in output.groups for s in group), raw, strict=True):
+                sample.reward = value
+        require_teacher_log_probs(self.rollout, output.groups)
         reward_key = self.rollout.reward.reward_key
         data = samples_to_train_data(output.groups, reward_key)
+        if trained_rewards is not None:  # upstream's form: these train as they are
+            data["rewards"] = trained_rewards
         metrics = rollout_metrics(output.groups, seconds, reward_key)
         if self.recovery is not None:  # restarts and time out of service since the last rollout's report
             now = self.recovery.counters()
@@ -287,6 +337,8 @@ class RolloutManager:
         if (health := self._health()) is not None:
             health.stop()
         self.engines.shutdown()
+        if self.teachers is not None:
+            self.teachers.shutdown()
         if self.router is not None:
             self.router.shutdown()
         logger.info("rollout stopped; logs in %s", self.log_dir)

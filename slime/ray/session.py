@@ -104,6 +104,9 @@ class TrainingSession:
         if engines:
             first = 0 if cluster.colocate else num_trainers
             rollout_bundles = order[first : first + cluster.rollout_num_gpus]
+        # PPO's critic takes the last bundles, an OPD teacher's engines those before them.
+        critic_start = len(order) - num_critics
+        teacher_bundles = order[critic_start - cluster.teacher_gpus : critic_start]
         # ray types an @ray.remote class as the class itself, without .options
         self.rollout = RolloutManager.options(num_cpus=0).remote(  # type: ignore[attr-defined]
             settings.data,
@@ -117,9 +120,9 @@ class TrainingSession:
             data_source=data_source,
             prompt_index=index,
             eval_datasets=eval_datasets,
+            teacher_bundles=teacher_bundles,
         )
-        # PPO's critic takes the last bundles.
-        critic_bundles = order[len(order) - num_critics :]
+        critic_bundles = order[critic_start:]
         timeout_s = settings.fault_tolerance.trainer_call_timeout_s
         critic = None
         if num_critics:

@@ -48,6 +48,13 @@ class Sample:
     """One 0/1 per response token: 0 for tokens the policy did not produce (tool output, multi-turn)."""
     rollout_log_probs: list[float] | None = None
     """Engine log-probs of the response tokens: for off-policy correction and the logprob-diff check."""
+    teacher_log_probs: list[float] | None = None
+    """``--use-opd``: the teacher's log-probs of the response tokens (a prefill of ``tokens`` on the
+    teacher engine), parallel to ``loss_mask``. Upstream slime's name."""
+    rollout_routed_experts: Any = None
+    """``--use-rollout-routing-replay``: the experts the engine routed each token to, an int32 array
+    ``[len(tokens) - 1, layers, topk]`` (row ``t``: the forward of token ``t``; the last token is never
+    forwarded). Each row comes from the same forward as the log-prob it explains. Upstream's name."""
     status: Sample.Status = Status.PENDING
     """Outcome of generation and scoring; see ``Sample.Status``."""
     metadata: dict[str, Any] = field(default_factory=dict)
@@ -94,6 +101,7 @@ class Sample:
         del self.tokens[self.prompt_length :]
         self.response, self.response_length = "", 0
         self.loss_mask = self.rollout_log_probs = self.reward = None
+        self.teacher_log_probs = self.rollout_routed_experts = None
         self.weight_versions, self.turn_spans = [], []
         self.status = Sample.Status.PENDING
 

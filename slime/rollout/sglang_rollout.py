@@ -42,6 +42,7 @@ import asyncio
 import collections
 import contextlib
 import copy
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -79,6 +80,7 @@ from slime.rollout.rewards import RewardChoice, score_groups
 from slime.rollout.router import engine_urls
 from slime.rollout.sample import Sample
 from slime.rollout.sampling import sampling_params
+from slime.rollout.teacher import TeacherPool
 from slime.rollout.vision import ImageError
 from slime.utils.plugins import declares, is_group_generate, load_function
 
@@ -187,6 +189,13 @@ class RolloutClient:
         if fault_tolerance.enabled:  # a request a dead engine dropped goes to another one
             self.context.retries = fault_tolerance.request_retries
             self.context.retry_wait_s = fault_tolerance.health_check_interval_s
+        opd = settings.opd
+        self.teachers = TeacherPool(opd, settings.sampling.temperature) if opd.scores_in_rollout else None
+        self.opd_only = opd.enabled and opd.opd_only
+        self.reward_settings = settings.reward
+        if evaluation:  # an eval set is scored by its reward alone, each reward a number
+            self.teachers, self.opd_only = None, False
+            self.reward_settings = dataclasses.replace(settings.reward, custom_reward_post_process_path=None)
 
     async def close(self) -> None:
         if not self._shared_session:
@@ -209,8 +218,19 @@ class RolloutClient:
             returned = [self._generate_one(sample, params, progress) for sample in group]
             done = [sample for samples in await asyncio.gather(*returned) for sample in samples]
         if all(sample.finished for sample in done):
-            await score_groups(self.args, [done], self.settings.reward, self.reward)
+            await self._score(done)
         return done
+
+    async def _score(self, group: list[Sample]) -> None:
+        """The group's rewards and, with ``--use-opd``, its teacher's log-probs, concurrently;
+        ``--opd-only`` sets the task reward to 0 instead of calling the reward function."""
+        if self.opd_only:
+            for sample in group:
+                sample.reward = 0.0
+        scoring = [score_groups(self.args, [group], self.reward_settings, self.reward)]
+        if self.teachers is not None:
+            scoring.append(self.teachers.score(self.args, self.context, group))
+        await asyncio.gather(*scoring)
 
     async def _generate_batched(self, group: list[Sample], params: dict[str, Any], progress: tqdm) -> None:
         """The default step: one model turn for each unfinished sample's remaining token budget, the

@@ -58,6 +58,9 @@ def samples_to_train_data(groups: list[list[Sample]], reward_key: str | None = N
     keys += ["weight_versions", "valid_rewards", "prompt_groups"]
     if with_log_probs:
         keys += ["rollout_log_probs", "rollout_log_prob_masks"]
+    with_teacher = any(sample.teacher_log_probs is not None for sample in samples)
+    if with_teacher:  # --use-opd: the teacher's log-probs of each response token
+        keys.append("teacher_log_probs")
     # Images: the processor's tensors of each sample (None for a text sample), only when there are any.
     with_images = any(sample.multimodal_train_inputs is not None for sample in samples)
     if with_images:
@@ -93,7 +96,57 @@ def samples_to_train_data(groups: list[list[Sample]], reward_key: str | None = N
             data["rollout_log_prob_masks"].append([int(known)] * n)
         if with_images:
             data["multimodal_train_inputs"].append(sample.multimodal_train_inputs)
+        if with_teacher:
+            data["teacher_log_probs"].append(_teacher_log_probs(sample))
     return data
+
+
+def _teacher_log_probs(sample: Sample) -> list[float]:
+    """One teacher log-prob per response token (a failed sample, never trained on, may have none)."""
+    teacher = sample.teacher_log_probs
+    if teacher is None and (sample.status == Sample.Status.FAILED or sample.remove_sample):
+        return [0.0] * sample.response_length
+    if teacher is None or len(teacher) != sample.response_length:
+        raise RolloutError(
+            f"--use-opd: sample {sample.index} has {'no' if teacher is None else len(teacher)} teacher "
+            f"log-probs for its {sample.response_length} response tokens (a plugin that sets "
+            "sample.teacher_log_probs must give one per response token)"
+        )
+    return [float(value) for value in teacher]
+
+
+def require_teacher_log_probs(rollout: RolloutSettings, groups: list[list[Sample]]) -> None:
+    """``--use-opd`` trains on every sample's teacher log-probs: a rollout without them (no teacher
+    configured and no plugin that sets them) stops with one line instead of training without a teacher."""
+    if not rollout.opd.enabled:
+        return
+    samples = [sample for group in groups for sample in group]
+    missing = [s.index for s in samples if s.teacher_log_probs is None and s.status != Sample.Status.FAILED]
+    if missing:
+        raise RolloutError(
+            f"--use-opd: {len(missing)} samples have no teacher log-probs (e.g. sample {missing[0]}); "
+            "pass --opd-teacher-hf-checkpoint or --opd-teacher-urls, or a --custom-reward-post-process-path "
+            "that sets sample.teacher_log_probs"
+        )
+
+
+def apply_reward_post_process(
+    path: str, args: Any, groups: list[list[Sample]]
+) -> tuple[list[float], list[float]]:
+    """Upstream's ``--custom-reward-post-process-path`` ``fn(args, samples) -> (raw_rewards, rewards)``
+    over the rollout's samples in group order; checks one number of each per sample."""
+    from slime.utils.plugins import load_function
+
+    samples = [sample for group in groups for sample in group]
+    result = load_function(path)(args, samples)
+    if not (isinstance(result, tuple | list) and len(result) == 2):
+        raise RolloutError(f"{path} returned {type(result).__name__}; expected (raw_rewards, rewards)")
+    raw, rewards = ([float(value) for value in part] for part in result)
+    if len(raw) != len(samples) or len(rewards) != len(samples):
+        raise RolloutError(
+            f"{path} returned {len(raw)} raw rewards and {len(rewards)} rewards for {len(samples)} samples"
+        )
+    return raw, rewards
 
 
 def require_rollout_log_probs(rollout: RolloutSettings, groups: list[list[Sample]]) -> None:

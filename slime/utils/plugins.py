@@ -70,6 +70,9 @@ PLUGIN_CONTRACTS: dict[str, PluginContract] = {
     "--custom-rm-path": PluginContract(
         ("args", "sample_or_group"), kind="any", returns="float | dict (list with --group-rm)"
     ),
+    "--custom-reward-post-process-path": PluginContract(
+        ("args", "samples"), returns="(raw_rewards, rewards)"
+    ),
     "--custom-advantage-function-path": PluginContract(("args", "data"), returns="list[list[float]]"),
     "--custom-loss-function-path": PluginContract(
         ("args", "batch", "log_probs", "entropy"), returns="(loss, metrics)"

@@ -30,6 +30,7 @@ import torch
 
 from slime.algorithms.advantages import TOKEN_LEVEL_ESTIMATORS
 from slime.algorithms.aggregation import FlatTokens, weighted_token_sum
+from slime.algorithms.distillation import reverse_kl_per_token
 from slime.algorithms.kl import kl_estimate
 from slime.algorithms.losses import (
     cispo_loss,
@@ -55,7 +56,8 @@ def old_log_probs_are_current(settings: TrainerSettings) -> bool:
     dropout (the old pass runs in eval mode), and nothing else needs the old log-probs before the
     loss: a KL reference (kept in the same pass), token-level estimators and KL-shaped rewards (they
     build advantages from them), a custom loss (it may read them), or the engine's log-probs standing
-    in for them (``--use-rollout-logprobs``). ``--force-old-logprob-pass`` keeps the pass.
+    in for them (``--use-rollout-logprobs``), or on-policy distillation (the teacher's reverse KL shapes
+    the advantages). ``--force-old-logprob-pass`` keeps the pass.
     """
     loss = settings.loss
     return (
@@ -68,6 +70,7 @@ def old_log_probs_are_current(settings: TrainerSettings) -> bool:
         and not loss.needs_reference
         and loss.custom_advantage_function_path is None
         and loss.advantage_estimator not in TOKEN_LEVEL_ESTIMATORS
+        and not loss.use_opd
     )
 
 
@@ -203,6 +206,10 @@ def make_policy_loss_fn(settings: TrainerSettings) -> LossFn:
             kl_loss = tokens.aggregate(kl_estimate(current, ref, opts.kl_loss_type))
             metrics["kl_loss"] = kl_loss.detach()
             loss = loss + opts.kl_loss_coef * kl_loss
+        if "teacher_log_probs" in batch.samples:
+            teacher = flat_samples(batch, "teacher_log_probs", device)
+            metrics["opd/reverse_kl"] = tokens.aggregate(reverse_kl_per_token(old, teacher))
+            metrics["opd/teacher_logprob"] = tokens.aggregate(teacher)
         if rollout is not None:
             assert known is not None  # given with the rollout's log-probs
             metrics[ROLLOUT_LOGPROB_COVERAGE] = tokens.aggregate(known)

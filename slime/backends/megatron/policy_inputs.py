@@ -28,6 +28,7 @@ import torch
 
 from slime.algorithms import advantages as adv
 from slime.algorithms.aggregation import loss_weights
+from slime.algorithms.distillation import opd_advantages
 from slime.backends.megatron.batching import SAMPLE_KEYS, check_train_data
 from slime.config.settings.trainer import TrainerSettings
 from slime.rollout.train_data import TrainData
@@ -134,10 +135,30 @@ class PolicyInputs:
             self._token_level_advantages(shards)
         elif self.loss.kl_coef and not self.custom:
             self._kl_shaped_outcome_advantages(data, shards)
+        if self.loss.use_opd:
+            for shard in shards:
+                self._distilled(shard)
+
+    def _distilled(self, shard: TrainData) -> None:
+        """``--use-opd``: the teacher's reverse KL at each token, against the old policy's log-probs (the
+        policy that sampled), taken off the estimator's advantages."""
+        if "teacher_log_probs" not in shard:
+            raise KeyError("--use-opd needs the teacher's log-probs in the train data (teacher_log_probs)")
+        shard["advantages"] = opd_advantages(
+            shard["advantages"],
+            shard["old_log_probs"],
+            shard["teacher_log_probs"],
+            shard["loss_masks"],
+            self.loss.opd_kl_coef,
+        )
 
     def outcome_advantages(self, data: TrainData, rewards: list[float]) -> list:
         """``--advantage-estimator``'s per-token advantages of the rollout ``data`` for ``rewards``
-        (the data's own, or KL-shaped), normalised over the rollout's prompt groups."""
+        (the data's own, or KL-shaped), normalised over the rollout's prompt groups; rewards that a
+        ``--custom-reward-post-process-path`` made are final and only spread over the tokens."""
+        if self.loss.rewards_post_processed:
+            final = torch.tensor(rewards, dtype=torch.float32)
+            return adv.broadcast_to_tokens(final, data["response_lengths"])
         return adv.outcome_advantages(
             rewards,
             data["response_lengths"],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from slime.config.settings.distillation import OpdSettings
 from slime.config.validate import uses_engines
 
 # Under --colocate a trainer rank and an engine hold the same bundle's GPU, so each asks for a share
@@ -35,6 +36,8 @@ class ClusterSettings:
     """``--rollout-external-engine-addrs``: engines slime did not start, updated with the others."""
     engine_api_key: str | None
     """``--sglang-api-key``: the key external engines expect (else slime makes one when needed)."""
+    teacher_gpus: int = 0
+    """GPUs of the on-policy distillation teacher's engines (``--opd-teacher-hf-checkpoint``): their own."""
 
     @property
     def trainer_gpus(self) -> int:
@@ -51,10 +54,11 @@ class ClusterSettings:
 
     @property
     def total_gpus(self) -> int:
-        """Bundles the run needs: trainers and engines share them when colocated; PPO's critic has its own."""
+        """Bundles the run needs: trainers and engines share them when colocated; an OPD teacher's engines
+        and PPO's critic have their own."""
         if self.colocate:
-            return max(self.trainer_gpus, self.engine_gpus) + self.critic_gpus
-        return self.trainer_gpus + self.engine_gpus + self.critic_gpus
+            return max(self.trainer_gpus, self.engine_gpus) + self.teacher_gpus + self.critic_gpus
+        return self.trainer_gpus + self.engine_gpus + self.teacher_gpus + self.critic_gpus
 
     def actor_gpus(self, role: str) -> float:
         """The ``num_gpus`` an actor of ``role`` asks of its bundle: all of it, or a colocated share."""
@@ -78,6 +82,7 @@ class ClusterSettings:
             ray_address=args.ray_address,
             external_engine_addrs=tuple(args.rollout_external_engine_addrs or ()),
             engine_api_key=(args.sglang_server_args or {}).get("api_key") or None,
+            teacher_gpus=OpdSettings.from_args(args).teacher_gpus if args.use_opd else 0,
         )
 
 

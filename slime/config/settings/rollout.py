@@ -7,9 +7,11 @@ or filter function still receives the namespace (``plugin_args``), holding the s
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 
 from slime.config.engine_backend import resolve_backend
+from slime.config.settings.distillation import OpdSettings
 from slime.config.settings.flags import read_flags
 from slime.config.settings.lora import LoraSettings, engine_server_args
 from slime.config.settings.router import RouterSettings
@@ -83,12 +85,20 @@ class RewardSettings:
     custom_rm_model_path: str | None = None
     """``--custom-rm-model-path``: a reward model scoring batches of ``rm_batch_size`` samples."""
     rm_batch_size: int | None = None
+    custom_reward_post_process_path: str | None = None
+    """``--custom-reward-post-process-path``: upstream's ``fn(args, samples) -> (raw_rewards, rewards)``."""
     max_failed_reward_rollouts: int = 3
     """``--max-failed-reward-rollouts``: rollouts in a row with failed rewards before the run stops."""
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RewardSettings:
         return read_flags(cls, args)
+
+
+def routing_replay_server_args(args: argparse.Namespace) -> dict[str, object]:
+    """``--use-rollout-routing-replay``: the engines keep each token's routed experts and return them to
+    a request that asks (SGLang's ``--enable-return-routed-experts``; the torch engine takes it too)."""
+    return {"enable_return_routed_experts": True} if args.use_rollout_routing_replay else {}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,7 +112,7 @@ class EngineSettings:
     """``--rollout-seed``: engine ``k`` gets ``--random-seed seed + k``."""
     server_args: tuple[tuple[str, object], ...] = ()
     """The ``--sglang-*`` flags, as (snake_case name, value) pairs, after the LoRA flags slime derives
-    from ``--lora-*`` (``engine_server_args``)."""
+    from ``--lora-*`` (``engine_server_args``) and R3's (``routing_replay_server_args``)."""
     torch_engine_sglang_release: str = ""
     """``--torch-engine-sglang-release``: the SGLang protocol the torch engine speaks."""
     num_gpus: int = 0
@@ -120,7 +130,7 @@ class EngineSettings:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EngineSettings:
-        derived = engine_server_args(LoraSettings.from_args(args))
+        derived = {**engine_server_args(LoraSettings.from_args(args)), **routing_replay_server_args(args)}
         return cls(
             backend=resolve_backend(args.rollout_backend),
             hf_checkpoint=args.hf_checkpoint,
@@ -155,6 +165,11 @@ class RolloutSettings:
     """``--use-rollout-logprobs``: every trained sample must carry the engine's log-probs."""
     max_turns: int = 8
     """``--max-turns``: for multi-turn generate functions."""
+    opd: OpdSettings = field(default_factory=OpdSettings)
+    """``--use-opd``: the teachers that score each sample's tokens (``slime.rollout.teacher``)."""
+    teacher_engine: EngineSettings | None = None
+    """``--opd-teacher-hf-checkpoint``: the engines the run starts for the teacher (its checkpoint, its
+    GPUs; the user's ``--sglang-*`` flags but none slime derives for the student: no LoRA, no routes)."""
     kept_positions: int = 1
     """Data positions kept for a stopping run's checkpoint: ``--async-buffer-size`` + 1 rollouts
     may have begun past the last one trained (``slime.rollout.data_source.KeptPositions``)."""
@@ -165,7 +180,7 @@ class RolloutSettings:
             sampling=SamplingSettings.from_args(args),
             batch=BatchSettings.from_args(args),
             reward=RewardSettings.from_args(args),
-            engine=EngineSettings.from_args(args),
+            engine=(engine := EngineSettings.from_args(args)),
             router=RouterSettings.from_args(args),
             rollout_function_path=args.rollout_function_path,
             custom_generate_function_path=args.custom_generate_function_path,
@@ -174,5 +189,23 @@ class RolloutSettings:
             mask_offpolicy_in_partial_rollout=bool(args.mask_offpolicy_in_partial_rollout),
             use_rollout_logprobs=bool(args.use_rollout_logprobs),
             max_turns=args.max_turns,
+            opd=(opd := OpdSettings.from_args(args)),
+            teacher_engine=teacher_engine_settings(args, engine, opd) if opd.teacher_gpus else None,
             kept_positions=args.async_buffer_size + 1,
         )
+
+
+def teacher_engine_settings(
+    args: argparse.Namespace, student: EngineSettings, opd: OpdSettings
+) -> EngineSettings:
+    """The OPD teacher's engines: the student engines' backend and the user's ``--sglang-*`` flags on the
+    teacher's checkpoint and GPUs, without what slime derives for the student (LoRA serving, routes)."""
+    assert opd.teacher_hf_checkpoint is not None  # only called with a teacher to start
+    return dataclasses.replace(
+        student,
+        hf_checkpoint=opd.teacher_hf_checkpoint,
+        server_args=tuple((args.sglang_server_args or {}).items()),
+        num_gpus=opd.teacher_gpus,
+        num_gpus_per_engine=opd.teacher_gpus_per_engine,
+        colocate=False,
+    )

@@ -220,8 +220,18 @@ class LossSettings:
     custom_advantage_function_path: str | None
     use_rollout_logprobs: bool
     force_old_logprob_pass: bool
+    use_rollout_routing_replay: bool
+    """R3: MoE layers replay the engine's routes (``slime.backends.megatron.routing_replay``)."""
+    use_routing_replay: bool
+    """R2: the old-log-prob forward records the routes the training forwards replay."""
     ref_update_interval: int | None
     num_critic_only_steps: int
+    use_opd: bool = False
+    """``--use-opd``: each token's advantage loses ``opd_kl_coef`` × its reverse KL to the teacher."""
+    opd_kl_coef: float = 1.0
+    rewards_post_processed: bool = False
+    """``--custom-reward-post-process-path``: the rewards are final (upstream's form), no group
+    normalisation; each response token gets its sample's."""
 
     @property
     def needs_reference(self) -> bool:
@@ -231,7 +241,12 @@ class LossSettings:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> LossSettings:
         eps_clip_high = args.eps_clip if args.eps_clip_high is None else args.eps_clip_high
-        return read_flags(cls, args, eps_clip_high=eps_clip_high)
+        return read_flags(
+            cls,
+            args,
+            eps_clip_high=eps_clip_high,
+            rewards_post_processed=args.custom_reward_post_process_path is not None,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

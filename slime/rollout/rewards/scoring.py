@@ -214,6 +214,15 @@ async def _score_sample(
         _fail([sample], e)
 
 
+async def _score_raw(args: argparse.Namespace, sample: Sample, fn: RewardFn) -> None:
+    """Upstream's ``--custom-reward-post-process-path`` form: the reward function's value is kept as it
+    is (upstream's OPD keeps the teacher's whole reply) for the post-process function to read."""
+    try:
+        sample.reward = await _call(fn, args, sample)
+    except Exception as e:
+        _fail([sample], e)
+
+
 async def _score_group(
     args: argparse.Namespace, reward_key: str | None, group: list[Sample], fn: GroupRewardFn
 ) -> None:
@@ -275,6 +284,8 @@ async def score_groups(
             raise RewardError("--group-rm needs --custom-rm-path (a function scoring a whole group)")
         group_fn = load_reward_function(choice.custom_rm_path)
         tasks = [_score_group(args, key, group, group_fn) for group in groups if group]
+    elif reward.custom_reward_post_process_path is not None:
+        tasks = [_score_raw(args, s, resolve_reward_fn(choice, s)) for group in groups for s in group]
     else:
         tasks = [_score_sample(args, key, s, resolve_reward_fn(choice, s)) for group in groups for s in group]
     await asyncio.gather(*tasks)

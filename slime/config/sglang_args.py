@@ -113,6 +113,7 @@ class FallbackServerArgs:
     max_loaded_loras: int | None = None
     max_loras_per_batch: int = 8
     lora_backend: str = "csgmv"
+    enable_return_routed_experts: bool = False
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,8 @@ class ServedEngine:
         return requests.post(f"{self.url}{path}", json=body, timeout=60)
 
     def close(self) -> None:
+        """The app, its loop and then the engine's scheduler thread (requests in flight are aborted)."""
         asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
+        self.engine.scheduler.stop()

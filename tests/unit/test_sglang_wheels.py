@@ -469,3 +469,134 @@ def test_the_weights_checker_actions_and_replies_the_torch_engine_mirrors(releas
         source(release) / "managers/scheduler_components/weight_updater.py", "check_weights"
     )
     assert 'success=True, message="Success."' in updater
+
+
+# ---- routed experts (R3) -------------------------------------------------------------------------
+
+
+def test_the_routed_experts_server_flag_is_a_boolean_off_by_default() -> None:
+    """``--enable-return-routed-experts``: ``server_args.py`` in 0.5.19, ``arg_groups/fields/exec_.py``
+    in 0.5.23 (the torch engine takes the same switch, ``server_args.HONOURED``)."""
+    old = (source("0.5.19") / "server_args.py").read_text()
+    new = (source("0.5.23") / "arg_groups" / "fields" / "exec_.py").read_text()
+    flag = re.compile(r"enable_return_routed_experts: A\[\s*bool,[^\]]*\] = False")
+    assert flag.search(old) and flag.search(new)
+    from slime.backends.torch_engine.server_args import HONOURED
+
+    assert "enable_return_routed_experts" in HONOURED
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_routed_experts_request_fields_are_one_value_for_a_whole_batch(release: str) -> None:
+    """``GenerateReqInput.return_routed_experts: bool`` and ``routed_experts_start_len: int`` (routes
+    of positions ``[start, seqlen - 1)``, start in ``[0, prompt_tokens]``); a batch's requests get
+    the same two values, never indexed (``__getitem__``), as the torch engine's ``protocol.py`` does."""
+    io_struct = source(release) / "managers" / "io_struct.py"
+    assert {"return_routed_experts", "routed_experts_start_len"} <= struct_fields(io_struct)[
+        "GenerateReqInput"
+    ]
+    text = io_struct.read_text()
+    assert "return_routed_experts: bool = False" in text and "routed_experts_start_len: int = 0" in text
+    assert "`[routed_experts_start_len, seqlen - 1)`. Must be in [0, prompt_tokens]." in text
+    assert "return_routed_experts=self.return_routed_experts,\n" in text
+    assert "routed_experts_start_len=self.routed_experts_start_len,\n" in text
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_a_bad_routed_experts_start_is_a_400_with_the_schedulers_message(release: str) -> None:
+    """``Scheduler.handle_generate_request`` checks the start only with ``return_routed_experts`` (flag
+    or not) and aborts the request with it; an abort of status 400 is raised as a ValueError, which
+    the HTTP server answers 400 (``TokenizerManager``). The torch engine's messages are these."""
+    from slime.backends.torch_engine.protocol import ProtocolError, check_routed_experts_start
+
+    scheduler = (source(release) / "managers" / "scheduler.py").read_text()
+    check = scheduler[scheduler.index("if recv_req.return_routed_experts:") :][:1200]
+    assert "req.set_finish_with_abort(error_msg)" in check
+    assert 'f"{recv_req.routed_experts_start_len=} is lower than 0. "' in check
+    assert '"Please use a non-negative routed_experts_start_len."' in check
+    assert 'f"{recv_req.routed_experts_start_len=} is higher than the "' in check
+    assert 'f"number of input tokens {len(req.origin_input_ids)=}. Please "' in check
+    assert 'f"use a smaller routed_experts_start_len."' in check
+    with pytest.raises(
+        ProtocolError, match=r"^recv_req\.routed_experts_start_len=-1 is lower than 0\. Please"
+    ):
+        check_routed_experts_start(-1, 7)
+    with pytest.raises(ProtocolError) as high:
+        check_routed_experts_start(8, 7)
+    assert str(high.value) == (
+        "recv_req.routed_experts_start_len=8 is higher than the number of input tokens "
+        "len(req.origin_input_ids)=7. Please use a smaller routed_experts_start_len."
+    )
+    abort = function_source(source(release) / "managers" / "schedule_batch.py", "set_finish_with_abort")
+    assert "status_code: int = HTTPStatus.BAD_REQUEST" in abort
+    manager = (source(release) / "managers" / "tokenizer_manager.py").read_text()
+    raised = r"BAD_REQUEST:?\n\s*(?:\):\n\s*if not is_stream:\n\s*)?"
+    raised += r'raise ValueError\(finish_reason\["message"\]\)'
+    assert re.search(raised, manager)
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_routes_are_int32_rows_per_kv_slot_for_every_hidden_layer_zero_where_dense(release: str) -> None:
+    """The capturer (``state_capturer/routed_experts.py``, ``base.py``): ``[num_hidden_layers,
+    num_experts_per_tok]`` int32 per KV slot, zero-initialised, written at an MoE layer's index by
+    the top-k it selects (``layers/moe/topk.py``) and never at a dense layer's; a request's rows are
+    read through its KV slots, so a prefix-cache hit returns the rows recorded when the slot was
+    computed; positions ``[min(start, seqlen - 1), seqlen - 1)``."""
+    capturer = source(release) / "state_capturer"
+    routed = (capturer / "routed_experts.py").read_text()
+    assert "topk_size = model_config.hf_text_config.num_experts_per_tok" in routed
+    assert "num_layers = model_config.hf_text_config.num_hidden_layers" in routed
+    assert "if not get_exec().features.enable_return_routed_experts:\n            return None" in routed
+    assert (
+        'np.frombuffer(\n        pybase64.b64decode(routed_experts_base64.encode("utf-8")), dtype=np.int32'
+        in routed
+    )
+    base = (capturer / "base.py").read_text()
+    zeros = r"self\.buffer = torch\.zeros\(\s*\(max_batch_size, num_layers, topk_size\),\s*dtype=torch\.int32"
+    assert re.search(zeros, base)
+    assert "self.buffer[:batch, layer_id, :] = topk_indices" in base
+    get_topk = function_source(capturer / "base.py", "get_topk")
+    assert "start_len = min(start_len, seqlen - 1)" in get_topk
+    assert "req_to_token_pool.req_to_token[req_pool_idx][start_len : seqlen - 1]" in get_topk
+    assert "return self.host_cache.buffer[cache_pool_idx]" in get_topk
+    assert (
+        "capture_routed_experts_if_allowed(" in (source(release) / "layers" / "moe" / "topk.py").read_text()
+    )
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_a_finished_request_collects_its_routes_and_the_reply_has_them_as_base64(release: str) -> None:
+    """``BatchResultProcessor._maybe_collect_routed_experts``: nothing without the server flag (no
+    capturer: the reply has no ``routed_experts`` key, no error), else ``seqlen = prompt + output
+    through the stop`` and the row count checked against ``seqlen - 1 - start``; the detokenizer
+    base64-encodes the int32 bytes and the tokenizer manager sets ``meta_info["routed_experts"]``
+    only when a request has them. A request aborted in the waiting queue is answered by
+    ``_handle_abort_req`` without them, one aborted while running (``to_finish``) finishes as any other
+    and has them; a retracted request drops its routes and has them read again from its slots after
+    the re-prefill (``Req.reset_for_retract``)."""
+    managers = source(release) / "managers"
+    collect = function_source(
+        managers / "scheduler_components" / "batch_result_processor.py", "_maybe_collect_routed_experts"
+    )
+    assert re.search(r"if capturer is None:\n\s*return\n", collect)
+    assert "seqlen = len(req.origin_input_ids) + len(req.output_ids_through_stop)" in collect
+    assert "expected_rows = max(0, seqlen - 1 - start_len)" in collect
+    assert "routed_experts row-count mismatch" in collect
+    encode = function_source(managers / "detokenizer_manager.py", "_b64_encode_per_request")
+    assert 'pybase64.b64encode(item.numpy().tobytes()).decode("utf-8")' in encode
+    manager = (managers / "tokenizer_manager.py").read_text()
+    assert "if val is not None:" in manager and 'meta_info["routed_experts"] = val' in manager
+    assert "routed_experts" not in function_source(managers / "tokenizer_manager.py", "_handle_abort_req")
+    retract = function_source(managers / "schedule_batch.py", "reset_for_retract")
+    assert "self.routed_experts = None" in retract
+    # A running request aborted finishes through the same path, so its reply carries its rows.
+    assert "# Abort method 3: set `to_finish`" in (managers / "scheduler.py").read_text()
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_prompt_log_probs_from_a_start_bound_the_prefix_match_there(release: str) -> None:
+    """A re-score (``generate_utils.rescore_turn``: ``logprob_start_len`` = the routes' start) gets its
+    log-probs and its routes from one forward: with ``return_logprob`` the prefix match stops at
+    ``logprob_start_len`` (``Req._compute_max_prefix_len``), so every position from there is computed."""
+    text = (source(release) / "managers" / "schedule_batch.py").read_text()
+    assert "max_prefix_len = min(max_prefix_len, self.logprob_start_len)" in text

@@ -21,6 +21,7 @@ from slime.backends.torch_engine import lora, protocol, weights
 from slime.backends.torch_engine.model_runner import ModelRunner
 from slime.backends.torch_engine.protocol import GenerateInput, ProtocolError
 from slime.backends.torch_engine.request import Request
+from slime.backends.torch_engine.routed_experts import RoutedExpertsCapture
 from slime.backends.torch_engine.sampling import RowSampling
 from slime.backends.torch_engine.scheduler import Scheduler
 from slime.backends.torch_engine.server_args import ServerArgs
@@ -80,6 +81,9 @@ class TorchEngine:
             self.lora = lora.LoraManager(self.runner.model, settings, self.runner.vocab_size)
             self.runner.lora = self.lora
             self.scheduler.lora_batch_fits = self.lora.batch_fits
+        if args.enable_return_routed_experts:
+            text_config = self.runner.config.get_text_config()
+            self.runner.routes = RoutedExpertsCapture(self.runner.model, text_config)
         renames = weights.checkpoint_renames(self.runner.model) if self.runner.is_vlm else None
         self.weights = weights.WeightStore(self.runner.model, renames)
         self.weight_checker = WeightChecker(self.runner.model)
@@ -175,6 +179,12 @@ class TorchEngine:
                 f"logprob_start_len={gen.logprob_start_len} is higher than the number of input tokens "
                 f"{len(ids)}."
             )
+        if gen.return_routed_experts:
+            protocol.check_routed_experts_start(gen.routed_experts_start_len, len(ids))
+        routes = None
+        if gen.return_routed_experts and self.runner.routes is not None:
+            capture = self.runner.routes
+            routes = torch.zeros((len(ids) + 1, capture.num_layers, capture.topk), dtype=torch.int32)
         generator = None
         if params.sampling_seed is not None:
             generator = torch.Generator(device=self.device)
@@ -196,6 +206,8 @@ class TorchEngine:
             banned_until_min=sorted(stop_set) if params.min_new_tokens > 0 else [],
             stop_tail_tokens=tail,
             images=images,
+            routes=routes,
+            routed_experts_start_len=gen.routed_experts_start_len,
         )
 
     # ---- info -----------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import torch
 from slime.backends.torch_engine import vision
 from slime.backends.torch_engine.kv_cache import SlotKVCache
 from slime.backends.torch_engine.lora import Adapter, LoraManager
+from slime.backends.torch_engine.routed_experts import RoutedExpertsCapture
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +100,10 @@ class ModelRunner:
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self._mask_min = torch.finfo(self.dtype).min
         self.lora: LoraManager | None = None  # set by the engine with --enable-lora
+        # With --enable-return-routed-experts: the routers' hooks, and the rows of the last forward that
+        # recorded them (one ``[positions, layers, topk]`` tensor per row of its batch).
+        self.routes: RoutedExpertsCapture | None = None
+        self.last_routes: list[torch.Tensor] = []
 
     def _eos_token_ids(self) -> set[int]:
         """EOS ids as SGLang collects them: model config, generation config and the tokenizer."""
@@ -172,6 +177,7 @@ class ModelRunner:
         all_logits: bool,
         images: list[vision.ImageInputs | None] | None = None,
         adapters: list[Adapter | None] | None = None,
+        record_routes: bool = False,
     ) -> list[torch.Tensor]:
         """Run the prompts of the new slots `start_row ..`; return per row logits (fp32).
 
@@ -179,6 +185,7 @@ class ModelRunner:
         column (pad queries attend to nothing and are discarded). Each entry is `[len, vocab]` when
         `all_logits` (prompt logprobs are wanted) else `[vocab]`. A VLM takes each row's images (None for
         a text row) and 3-row positions; with LoRA each row's adapter applies (None: the base model).
+        With ``record_routes`` the routed experts of every row's positions are in ``last_routes``.
         """
         n = len(sequences)
         width = max(len(s) for s in sequences)
@@ -199,7 +206,12 @@ class ModelRunner:
             positions, extra = self._vlm_prefill_inputs(ids.to(self.device), pads, images or [None] * n)
         self.cache.set_prefill(start_row, start_row + n, width, pads)
         keep = 0 if all_logits else 1
+        self._start_routes(record_routes, n * width)
         logits = self._forward(ids.to(self.device), positions, mask, keep, adapters, **extra).float()
+        if record_routes:
+            rows = self._finish_routes()
+            rows = rows.view(n, width, *rows.shape[1:])
+            self.last_routes = [rows[row, pad:] for row, pad in enumerate(pads)]
         if all_logits:
             return [logits[row, pad:] for row, pad in enumerate(pads)]
         return list(logits[:, -1])
@@ -212,11 +224,13 @@ class ModelRunner:
         kv_length: int,
         rope_deltas: list[int] | None = None,
         adapters: list[Adapter | None] | None = None,
+        record_routes: bool = False,
     ) -> torch.Tensor:
         """One token for each slot `0 .. n-1` at `positions` (all < `kv_length`); `[n, vocab]` fp32 logits.
 
         `positions` are cache columns; a VLM's rotary positions are `position + rope_delta` of each row's
-        images (0 for text), the same in all three rows."""
+        images (0 for text), the same in all three rows. With ``record_routes`` each row's routed
+        experts (``[1, layers, topk]``) are in ``last_routes``."""
         n = tokens.shape[0]
         self.cache.set_decode(n, positions, kv_length)
         columns = torch.arange(kv_length, device=self.device)
@@ -226,5 +240,17 @@ class ModelRunner:
         if self.is_vlm:
             deltas = torch.tensor(rope_deltas or [0] * n, dtype=torch.long, device=self.device)
             rope = (rope + deltas[:, None])[None].expand(3, -1, -1)
+        self._start_routes(record_routes, n)
         logits = self._forward(tokens[:, None], rope, mask, 1, adapters)
+        if record_routes:
+            self.last_routes = list(self._finish_routes()[:, None])
         return logits[:, -1].float()
+
+    def _start_routes(self, record: bool, tokens: int) -> None:
+        if record:
+            assert self.routes is not None  # requests ask for routes only with the engine's flag
+            self.routes.start(tokens)
+
+    def _finish_routes(self) -> torch.Tensor:
+        assert self.routes is not None
+        return self.routes.finish()

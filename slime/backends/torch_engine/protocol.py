@@ -18,7 +18,10 @@ Facts taken from SGLang 0.5.23 (`sglang/srt/entrypoints/http_server.py`, `manage
   and for a vision-language model `image_data` (``vision.py``: forms, prompt expansion, errors,
   meta_info["image_tokens"]; a text model refuses it), and `lora_path`: the name of a loaded LoRA adapter,
   one string for every request of a batch or a list with one name (or None: the base) per request
-  (``lora.py``: resolution, implicit reloads, errors).
+  (``lora.py``: resolution, implicit reloads, errors); `return_routed_experts` and
+  `routed_experts_start_len` (one value for every request of a batch, as
+  ``GenerateReqInput.__getitem__`` hands them on): ``meta_info["routed_experts"]`` with the engine's
+  ``--enable-return-routed-experts`` (``routed_experts.py``), absent without it.
   Reply `{"text", "output_ids", "meta_info"}`; meta_info = {"id", "finish_reason", "prompt_tokens",
   "weight_version", "num_retractions", "completion_tokens", "cached_tokens", "e2e_latency"} plus, with
   return_logprob, "input_token_logprobs", "output_token_logprobs" (lists of `[logprob, token_id, text]`,
@@ -249,6 +252,8 @@ class GenerateInput:
     return_text_in_logprobs: bool
     image_data: list[Any] | None = None  # this request's images (see ``vision.py``), None without
     lora_path: str | None = None  # the name of the LoRA adapter to run with (SGLang names adapters so)
+    return_routed_experts: bool = False
+    routed_experts_start_len: int = 0
 
 
 def _pick(value: Any, index: int, batched: bool) -> Any:
@@ -283,6 +288,7 @@ def parse_generate(body: dict[str, Any]) -> tuple[list[GenerateInput], bool]:
                 raise ProtocolError("input_ids must be a list of token ids or a list of such lists")
     images = _normalize_image_data(body.get("image_data"), len(prompts), batched)
     adapters = _normalize_lora_paths(body.get("lora_path"), len(prompts), batched)
+    return_routes, routes_start = _routed_experts_options(body)
     rid = body.get("rid")
     requests = []
     for i, prompt in enumerate(prompts):
@@ -302,9 +308,40 @@ def parse_generate(body: dict[str, Any]) -> tuple[list[GenerateInput], bool]:
                 return_text_in_logprobs=bool(body.get("return_text_in_logprobs") or False),
                 image_data=images[i],
                 lora_path=adapters[i],
+                return_routed_experts=return_routes,
+                routed_experts_start_len=routes_start,
             )
         )
     return requests, batched
+
+
+def _routed_experts_options(body: dict[str, Any]) -> tuple[bool, int]:
+    """``return_routed_experts`` and ``routed_experts_start_len``: a bool and an int (SGLang's field
+    types, one value for the whole batch); the start is checked against the prompt with the tokens."""
+    wanted = body.get("return_routed_experts") or False
+    start = body.get("routed_experts_start_len")
+    start = 0 if start is None else start
+    if not isinstance(wanted, bool):
+        raise ProtocolError(f"return_routed_experts must be a boolean, got {wanted!r}")
+    if not isinstance(start, int) or isinstance(start, bool):
+        raise ProtocolError(f"routed_experts_start_len must be an integer, got {start!r}")
+    return wanted, start
+
+
+def check_routed_experts_start(start: int, prompt_tokens: int) -> None:
+    """SGLang's checks of ``routed_experts_start_len`` (``Scheduler.handle_generate_request``,
+    0.5.19-0.5.23), made whenever ``return_routed_experts`` is set, with or without the server flag:
+    the request is aborted with HTTP 400 and this message."""
+    if start < 0:
+        raise ProtocolError(
+            f"recv_req.routed_experts_start_len={start} is lower than 0. "
+            "Please use a non-negative routed_experts_start_len."
+        )
+    if start > prompt_tokens:
+        raise ProtocolError(
+            f"recv_req.routed_experts_start_len={start} is higher than the number of input tokens "
+            f"len(req.origin_input_ids)={prompt_tokens}. Please use a smaller routed_experts_start_len."
+        )
 
 
 def _normalize_lora_paths(lora_path: Any, batch_size: int, batched: bool) -> list[str | None]:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from slime.backends.torch_engine.request import Request
+from slime.backends.torch_engine.routed_experts import encode_routes
 
 
 def generate_reply(request: Request, tokenizer: Any, weight_version: str) -> dict[str, Any]:
@@ -19,7 +20,9 @@ def generate_reply(request: Request, tokenizer: Any, weight_version: str) -> dic
     A request aborted in the waiting queue gets the tokenizer manager's own reply (SGLang
     0.5.19-0.5.23, ``TokenizerManager._handle_abort_req``): meta_info holds only ``id``,
     ``finish_reason``, ``weight_version``, ``e2e_latency``, the log-probs it had (with
-    ``return_logprob``) and ``completion_tokens``; no ``prompt_tokens`` or ``cached_tokens``.
+    ``return_logprob``) and ``completion_tokens``; no ``prompt_tokens`` or ``cached_tokens``, and no
+    ``routed_experts`` (it never ran). Any other request that asked for routed experts, finished or
+    aborted while running, gets the rows of the positions it computed (``Request.routes_reply``).
     """
     params = request.params
     reason = request.finish_reason
@@ -57,5 +60,8 @@ def generate_reply(request: Request, tokenizer: Any, weight_version: str) -> dic
         meta["cached_tokens"] = request.cached_tokens
         if request.images is not None:  # SGLang adds it only for a request that has image tokens
             meta["image_tokens"] = request.images.image_tokens
+        routes = request.routes_reply()
+        if routes is not None:
+            meta["routed_experts"] = encode_routes(routes)
         meta["e2e_latency"] = time.perf_counter() - request.arrival
     return {"text": text, "output_ids": list(ids), "meta_info": meta}

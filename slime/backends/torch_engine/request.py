@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from slime.backends.torch_engine.protocol import SamplingParams
 from slime.backends.torch_engine.sampling import RowSampling
 
@@ -44,6 +46,12 @@ class Request:
     cached_tokens: int = 0  # prompt tokens whose keys/values were copied rather than computed
     images: ImageInputs | None = None  # a VLM request's images, kept until it leaves (re-prefills use them)
     lora: Adapter | None = None  # the LoRA adapter it names (``lora_path``), kept until it leaves
+    # With the engine's --enable-return-routed-experts and the request's return_routed_experts: the
+    # routed experts of every position it computed, ``[positions, layers, topk]`` int32 grown as it
+    # decodes (see routed_experts.py), and the first position its reply returns.
+    routes: torch.Tensor | None = None
+    routed_experts_start_len: int = 0
+    routed_positions: int = 0  # positions 0 .. this - 1 have their rows
 
     @property
     def wants_input_logprobs(self) -> bool:
@@ -65,3 +73,24 @@ class Request:
 
     def reserved_tokens(self) -> int:
         return len(self.input_ids) + self.max_new_tokens
+
+    def record_routes(self, position: int, rows: torch.Tensor) -> None:
+        """The routed experts of positions ``position ..`` (a prefill's rows, or one decode step's)."""
+        if self.routes is None:
+            return
+        end = position + rows.shape[0]
+        if end > len(self.routes):  # doubling: a long max_new_tokens reserves nothing up front
+            grown = self.routes.new_zeros((max(end, 2 * len(self.routes)), *self.routes.shape[1:]))
+            grown[: len(self.routes)] = self.routes
+            self.routes = grown
+        self.routes[position:end] = rows
+        self.routed_positions = max(self.routed_positions, end)
+
+    def routes_reply(self) -> torch.Tensor | None:
+        """The rows its reply returns: positions ``[start, seqlen - 1)``, the start clamped to
+        ``seqlen - 1`` (SGLang's ``BaseTopkCapturer.get_topk``); None for one that never ran (failed
+        with the engine before its prefill)."""
+        seqlen = len(self.input_ids) + len(self.output_ids)
+        if self.routes is None or self.routed_positions < seqlen - 1:
+            return None
+        return self.routes[min(self.routed_experts_start_len, seqlen - 1) : seqlen - 1]

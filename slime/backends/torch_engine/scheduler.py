@@ -310,7 +310,8 @@ class Scheduler:
         first of them is prefilled, the others get a copy of its keys, values and last logits, which
         is what they would compute (SGLang's radix cache shares such a prefix too; each request still
         samples on its own). They report the copied tokens as ``cached_tokens``, at most all but the
-        last, as SGLang counts a prefix hit.
+        last, as SGLang counts a prefix hit, and get its routed experts with its keys and values (SGLang
+        keeps them per KV slot, so a prefix hit returns the rows recorded when the slot was computed).
         """
         if self.running:
             self.stats.joined_running_batch += len(batch)
@@ -324,7 +325,8 @@ class Scheduler:
         sequences = [r.input_ids + r.output_ids for r in batch]
         images = [r.images for r in batch[:computed]]
         adapters = [r.lora for r in batch[:computed]]
-        logits = self.runner.prefill(sequences[:computed], start, all_logits, images, adapters)
+        record = any(r.routes is not None for r in batch)
+        logits = self.runner.prefill(sequences[:computed], start, all_logits, images, adapters, record)
         copies = [(start + sources[i], start + i, len(sequences[i])) for i in range(computed, len(batch))]
         self.runner.cache.copy_rows(copies)
         self.running.extend(batch)
@@ -335,6 +337,8 @@ class Scheduler:
         last = []
         for i, (request, seq) in enumerate(zip(batch, sequences, strict=True)):
             request.kv_len = len(seq)
+            if record:  # a re-prefill after a retraction records its positions again
+                request.record_routes(0, self.runner.last_routes[sources[i]])
             row_logits = logits[sources[i]]
             if all_logits:
                 if first_time[i]:
@@ -365,10 +369,13 @@ class Scheduler:
         lengths = [r.kv_len for r in self.running]
         positions = torch.tensor(lengths, dtype=torch.long, device=device)
         deltas = [r.images.rope_delta if r.images is not None else 0 for r in self.running]
+        record = any(r.routes is not None for r in self.running)
         logits = self.runner.decode(
-            tokens, positions, max(lengths) + 1, deltas, [r.lora for r in self.running]
+            tokens, positions, max(lengths) + 1, deltas, [r.lora for r in self.running], record
         )
-        for request in self.running:
+        for i, request in enumerate(self.running):
+            if record:
+                request.record_routes(request.kv_len, self.runner.last_routes[i])
             request.kv_len += 1
         self.stats.decode_steps += 1
         self._sample_and_advance(list(self.running), logits)

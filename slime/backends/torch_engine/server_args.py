@@ -76,6 +76,7 @@ HONOURED: dict[str, dict[str, Any]] = {
     "lora_paths": {"nargs": "*", "help": "<PATH> | <NAME>=<PATH> | JSON {lora_name, lora_path, pinned}"},
     "max_loaded_loras": {"help": "LRU-evict unpinned adapters beyond this many"},
     "max_loras_per_batch": {"help": "adapters per running batch, the base model counting as one"},
+    "enable_return_routed_experts": {"help": "answer return_routed_experts (R3) with each MoE layer's top-k"},
 }
 
 

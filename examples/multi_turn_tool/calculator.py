@@ -31,6 +31,7 @@ from slime.rollout.generate_utils import (
     env_token_ids,
     generate_turn,
     remaining_tokens,
+    route_request,
     start_sample,
 )
 from slime.rollout.sample import Sample
@@ -75,7 +76,7 @@ async def generate(args: argparse.Namespace, sample: Sample, sampling_params: di
     while len(sample.turn_spans) < args.max_turns:
         budget = min(TURN_TOKENS, remaining_tokens(sample, sampling_params))
         params = {**sampling_params, "max_new_tokens": budget, "stop": [CALL_END]}
-        turn = await generate_turn(args, sample.tokens, params, sample.index)
+        turn = await generate_turn(args, sample.tokens, params, sample.index, routes=route_request(sample))
         append_model_turn(sample, turn)
         called = turn.finish_reason.get("matched") == CALL_END
         if turn.status is Sample.Status.ABORTED or (turn.status is Sample.Status.COMPLETED and not called):

@@ -40,6 +40,7 @@ from slime.rollout.generate_utils import (
     env_token_ids,
     generate_turn,
     remaining_tokens,
+    route_request,
     start_sample,
 )
 from slime.rollout.rewards.text import squad_tokens
@@ -138,7 +139,11 @@ async def generate(args: argparse.Namespace, sample: Sample, sampling_params: di
     while len(sample.turn_spans) < args.max_turns:
         budget = min(TURN_TOKENS, remaining_tokens(sample, sampling_params))
         turn = await generate_turn(
-            args, sample.tokens, {**sampling_params, "max_new_tokens": budget, "stop": stops}, sample.index
+            args,
+            sample.tokens,
+            {**sampling_params, "max_new_tokens": budget, "stop": stops},
+            sample.index,
+            routes=route_request(sample),
         )
         append_model_turn(sample, turn)
         action, content = parse_action(turn.text)

@@ -42,6 +42,7 @@ from slime.rollout.generate_utils import (
     generate_turn,
     remaining_tokens,
     request_images,
+    route_request,
     start_sample,
 )
 from slime.rollout.plugin_args import tokenizer_path
@@ -84,7 +85,9 @@ async def generate(args: argparse.Namespace, sample: Sample, sampling_params: di
         budget = min(TURN_TOKENS, remaining_tokens(sample, sampling_params))
         params = {**sampling_params, "max_new_tokens": budget}
         images = request_images(args, sample)
-        turn = await generate_turn(args, sample.tokens, params, sample.index, images=images)
+        turn = await generate_turn(
+            args, sample.tokens, params, sample.index, images=images, routes=route_request(sample)
+        )
         append_model_turn(sample, turn)
         done = len(sample.turn_spans) >= MODEL_TURNS
         if done or not turn.output_ids or turn.status is not Sample.Status.COMPLETED:

@@ -206,7 +206,7 @@ class RolloutManager:
                 sample.reward = value
         require_teacher_log_probs(self.rollout, output.groups)
         reward_key = self.rollout.reward.reward_key
-        data = samples_to_train_data(output.groups, reward_key)
+        data = samples_to_train_data(output.groups, reward_key, routing_replay=self.rollout.routing_replay)
         if trained_rewards is not None:  # upstream's form: these train as they are
             data["rewards"] = trained_rewards
         metrics = rollout_metrics(output.groups, seconds, reward_key)

@@ -26,12 +26,26 @@ the ones the engine sampled, which is why the token form is preferred).
 ``generate_turn`` posts to the router of ``args`` (``slime.rollout.plugin_args.router_url``) on the
 rollout's shared HTTP session, and once the rollout aborts (over-sampling finished, a weight update) it
 answers ABORTED at once without sending anything, so loops end promptly.
+
+Rollout routing replay (``--use-rollout-routing-replay``, R3): every request also asks for the experts
+each token was routed to (``return_routed_experts``), and ``append_model_turn`` keeps them in
+``sample.rollout_routed_experts``, one row per position but the last. The invariant (miles#3277): a
+row and the log-prob it explains (row ``t`` routes the forward that gives the log-prob of token
+``t + 1``) come from one forward. So a turn asks only for the rows the sample lacks
+(``routed_experts_start_len``, ``route_request``), and where those rows explain log-probs the sample
+already holds (a partial response resumed without its routes), the same request returns those
+log-probs again (``logprob_start_len``); a reply whose request was retracted (``num_retractions``:
+log-probs of its first decode, rows of its re-prefill) is scored again by one prefill-only request
+(``rescore_turn``) whose log-probs and rows replace the turn's. sglang-router 0.3.2 drops the two
+routed-experts fields when it re-serializes a request, so R3 requests go to an engine of the router
+directly, in turn (``RolloutContext.engine_url``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import contextvars
 import functools
@@ -42,12 +56,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import numpy as np
 
 from slime.engine_client.generate import one_off_session, post_json
 from slime.rollout.errors import RolloutError
-from slime.rollout.plugin_args import rollout_seed, router_url, served_adapter, tokenizer_path
+from slime.rollout.plugin_args import (
+    rollout_seed,
+    routed_experts_shape,
+    router_url,
+    served_adapter,
+    tokenizer_path,
+)
 from slime.rollout.prompt_files import load_tokenizer, render_chat
-from slime.rollout.sample import Sample
+from slime.rollout.router import engine_urls
+from slime.rollout.sample import Sample, routes_array
 from slime.rollout.vision import ImageError, check_expanded_length, png_data_url, vision_processor
 from slime.utils.http import HttpError
 
@@ -58,6 +80,10 @@ _FINISH_STATUS = {
     "length": Sample.Status.TRUNCATED,
     "abort": Sample.Status.ABORTED,
 }
+
+# R3 requests go to the router's engines directly (see the module docstring); their list is read again
+# after this many seconds.
+ENGINE_LIST_TTL_S = 5.0
 
 
 @dataclass
@@ -72,6 +98,26 @@ class Turn:
     finish_reason: dict[str, Any] = field(default_factory=dict)
     context_capped: bool = False
     """``max_new_tokens`` was cut to what the engine's context length left after the input."""
+    num_retractions: int = 0
+    """Times the engine retracted the request (its KV dropped and prefilled again)."""
+    routed_experts: np.ndarray | None = None
+    """R3: int32 ``[rows, layers, topk]``, positions ``routes_start ..`` of input + output but the last;
+    None when the reply has none (aborted before it ran) or its rescore could not be sent."""
+    routes_start: int = 0
+    input_log_probs: list[float] | None = None
+    """R3: log-probs of the input's tokens ``routes_start + 1 ..``, from the forward that routed them
+    (``RouteRequest.rescore``), replacing those the sample held."""
+
+
+@dataclass(frozen=True)
+class RouteRequest:
+    """What a turn asks of the engine's routed experts (``route_request``)."""
+
+    start: int
+    """``routed_experts_start_len``: the rows the sample holds already are not asked again."""
+    rescore: bool = False
+    """Rows from ``start`` on explain log-probs the sample holds from another forward: ask for those
+    log-probs again (``logprob_start_len = start``), so both come from this request's forward."""
 
 
 @dataclass
@@ -100,6 +146,8 @@ class RolloutContext:
     retried: int = 0
     prefix: str = field(default_factory=lambda: f"slime-{uuid.uuid4().hex[:12]}")
     _sent: int = 0
+    _engines: list[str] = field(default_factory=list)
+    _engines_read_at: float = 0.0
     _context_length: int | None = None
     _looked_up: bool = False
     _lookup_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -110,6 +158,17 @@ class RolloutContext:
                 self._context_length = await asyncio.to_thread(self.context_length_lookup)
             self._looked_up = True
         return self._context_length
+
+    async def engine_url(self, router: str) -> str:
+        """R3's target: the router's engines in turn, the list read again every ENGINE_LIST_TTL_S (an
+        engine the health monitor took out drops out of it, a restarted one comes back)."""
+        now = asyncio.get_running_loop().time()
+        if not self._engines or now - self._engines_read_at > ENGINE_LIST_TTL_S:
+            self._engines = await asyncio.to_thread(engine_urls, router)
+            self._engines_read_at = now
+            if not self._engines:
+                raise RolloutError(f"the router at {router} has no engine to send an R3 request to")
+        return self._engines[self._sent % len(self._engines)]
 
     def new_rid(self) -> str:
         """Fixed width, so no rid is a prefix of another request's (SGLang matches abort rids by prefix;
@@ -235,7 +294,122 @@ def parse_reply(reply: dict[str, Any], index: int | None = None) -> Turn:
         status=_FINISH_STATUS[kind],
         weight_version=str(meta.get("weight_version")),
         finish_reason=finish if isinstance(finish, dict) else {"type": kind},
+        num_retractions=int(meta.get("num_retractions") or 0),
     )
+
+
+def routing_replay(args: argparse.Namespace) -> bool:
+    """``--use-rollout-routing-replay``: every request asks for the routed experts."""
+    return routed_experts_shape(args) is not None
+
+
+def route_request(sample: Sample) -> RouteRequest:
+    """What the next turn of ``sample`` asks of the routed experts: the rows from the first it lacks,
+    and whether those rows explain response log-probs it already holds (a partial response whose
+    routes were lost, e.g. retracted and then aborted in the waiting queue), to be asked again."""
+    held = 0 if sample.rollout_routed_experts is None else len(sample.rollout_routed_experts)
+    return RouteRequest(held, _explains_held_log_probs(sample, held))
+
+
+def _explains_held_log_probs(sample: Sample, start: int) -> bool:
+    """Whether rows from ``start`` on explain log-probs ``sample`` holds: those of its trained response
+    tokens after position ``start``."""
+    prompt, mask = sample.prompt_length, sample.loss_mask or []
+    return sample.rollout_log_probs is not None and any(
+        mask[position - prompt] for position in range(max(start + 1, prompt), len(sample.tokens))
+    )
+
+
+def decode_routed_experts(
+    args: argparse.Namespace, reply: dict[str, Any], rows: int, index: int | None
+) -> np.ndarray:
+    """``meta_info["routed_experts"]`` as ``[rows, layers, topk]`` int32: SGLang's base64 of the int32
+    ids, ``num_hidden_layers`` x ``num_experts_per_tok`` (``--num-layers`` x ``--moe-router-topk``)."""
+    encoded = reply["meta_info"].get("routed_experts")
+    if encoded is None:
+        raise ValueError(
+            f"sample {index}: the /generate reply has no meta_info.routed_experts; the engines must run "
+            "with --enable-return-routed-experts (slime starts its own so under --use-rollout-routing-replay)"
+        )
+    shape = routed_experts_shape(args)
+    assert shape is not None  # routes are asked for under --use-rollout-routing-replay only
+    layers, topk = shape
+    flat = np.frombuffer(base64.b64decode(encoded), dtype=np.int32)
+    if flat.size != rows * layers * topk:
+        raise ValueError(
+            f"sample {index}: meta_info.routed_experts holds {flat.size} expert ids, expected {rows} "
+            f"positions x {layers} layers (--num-layers) x {topk} (--moe-router-topk)"
+        )
+    routes: np.ndarray = flat.reshape(rows, layers, topk).copy()
+    return routes
+
+
+def _take_routes(
+    args: argparse.Namespace,
+    turn: Turn,
+    reply: dict[str, Any],
+    ask: RouteRequest,
+    sent: int,
+    index: int | None,
+) -> None:
+    """The routes (and, with ``ask.rescore``, the re-scored input log-probs) of a reply to ``sent``
+    input tokens. A reply aborted before its request ran has neither: the turn then holds no rows, and
+    the sample's next turn asks for them again (``route_request``)."""
+    turn.routes_start = ask.start
+    meta = reply["meta_info"]
+    scored = [entry[0] for entry in meta.get("input_token_logprobs") or []][1:]
+    rescored = not ask.rescore or len(scored) == sent - 1 - ask.start
+    if turn.status is Sample.Status.ABORTED and ("routed_experts" not in meta or not rescored):
+        return
+    turn.routed_experts = decode_routed_experts(
+        args, reply, sent + len(turn.output_ids) - 1 - ask.start, index
+    )
+    if not rescored:
+        raise ValueError(
+            f"sample {index}: asked with logprob_start_len={ask.start}, the reply has {len(scored) + 1} "
+            f"input log-probs for {sent} input tokens"
+        )
+    if ask.rescore:
+        turn.input_log_probs = [float(value) for value in scored]
+
+
+async def rescore_turn(
+    args: argparse.Namespace,
+    context: RolloutContext | None,
+    input_ids: list[int],
+    turn: Turn,
+    ask: RouteRequest,
+    images: list[str] | None,
+    index: int | None,
+) -> None:
+    """A retracted turn (log-probs of its first decode, rows of its re-prefill), scored again: one
+    prefill-only request of input + output (``max_new_tokens`` 0, log-probs and rows from
+    ``ask.start``) whose log-probs and rows replace the turn's, both from its one forward. When the
+    rollout aborts first, the turn keeps no rows (its sample asks for them when it resumes)."""
+    turn.routed_experts = turn.input_log_probs = None
+    if context is not None and context.aborted.is_set():
+        return
+    sequence = input_ids + turn.output_ids
+    sent = _collapsed_inputs(args, [sequence], None if images is None else [images])[0]
+    (reply,) = await _post_generate(
+        args,
+        context,
+        [sent],
+        {"max_new_tokens": 0},
+        None if images is None else [images],
+        RouteRequest(ask.start, True),
+    )
+    if reply is None:
+        return
+    scored = [float(entry[0]) for entry in reply["meta_info"]["input_token_logprobs"][1:]]
+    if len(scored) != len(sequence) - 1 - ask.start:
+        raise ValueError(
+            f"sample {index}: the re-score of a retracted turn answered {len(scored)} log-probs for "
+            f"positions {ask.start + 1}..{len(sequence) - 1}"
+        )
+    turn.routed_experts = decode_routed_experts(args, reply, len(sequence) - 1 - ask.start, index)
+    split = len(scored) - len(turn.output_ids)
+    turn.input_log_probs, turn.log_probs = scored[:split], scored[split:]
 
 
 def sampling_seed(seed: int, index: int, prompt_length: int) -> int:
@@ -256,6 +430,7 @@ async def generate_turn(
     sampling_params: dict[str, Any],
     index: int | None = None,
     images: list[str] | None = None,
+    routes: RouteRequest | None = None,
 ) -> Turn:
     """One model turn on ``input_ids`` through the router (ABORTED without a request once the rollout aborts).
 
@@ -266,9 +441,17 @@ async def generate_turn(
     is ``context_capped``, and one whose input alone fills the context is answered TRUNCATED without a
     request, its ``finish_reason`` saying so (``append_model_turn`` makes a sample left without a
     response token by it FAILED).
+
+    With ``--use-rollout-routing-replay`` the turn carries its routed experts: ``routes`` is
+    ``route_request(sample)`` of the sample ``input_ids`` are the tokens of (without it: all rows, from
+    position 0, which is right for a sample without a response yet).
     """
     batch_images = None if images is None else [images]
-    return (await generate_turns(args, [input_ids], sampling_params, indices=[index], images=batch_images))[0]
+    batch_routes = None if routes is None else [routes]
+    turns = await generate_turns(
+        args, [input_ids], sampling_params, indices=[index], images=batch_images, routes=batch_routes
+    )
+    return turns[0]
 
 
 async def generate_turns(
@@ -278,6 +461,7 @@ async def generate_turns(
     budgets: list[int] | None = None,
     indices: list[int | None] | None = None,
     images: list[list[str]] | None = None,
+    routes: list[RouteRequest] | None = None,
 ) -> list[Turn]:
     """A model turn on each of ``inputs``, sent in SGLang's batch form (a list of ``input_ids``), so that
     a prompt group costs one HTTP request through the router instead of one per sample. On the engine
@@ -292,14 +476,21 @@ async def generate_turns(
     ``images`` (``request_images`` of each input's sample) go as SGLang's ``image_data`` with the
     inputs' image tokens collapsed to one per image (the engine expands them again); a reply whose
     prompt length differs from the expanded input raises ``ImageError`` (the engine resized otherwise).
+
+    With ``--use-rollout-routing-replay`` each turn carries its routed experts (``routes``: each
+    input's ``route_request``, default all rows; inputs asking differently go in separate requests, as
+    SGLang takes one start for a whole batch), and a retracted one is scored again (``rescore_turn``).
     """
     context = _CONTEXT.get()
     if context is not None and context.aborted.is_set():
         return [_aborted_turn() for _ in inputs]
     limit = None if context is None else await context.context_length()
     turns: list[Turn | None] = [None] * len(inputs)
-    batches: dict[int, list[int]] = {}  # max_new_tokens -> positions in inputs
+    batches: dict[tuple[int, RouteRequest | None], list[int]] = {}  # (max_new_tokens, routes) -> inputs
     asked = [sampling_params["max_new_tokens"]] * len(inputs) if budgets is None else budgets
+    asks: list[RouteRequest | None] = [None] * len(inputs)
+    if routing_replay(args):
+        asks = list(routes) if routes is not None else [RouteRequest(0)] * len(inputs)
     sent = _collapsed_inputs(args, inputs, images)
     for i, input_ids in enumerate(inputs):
         if isinstance(sent[i], ImageError):
@@ -315,15 +506,15 @@ async def generate_turns(
                 reason["message"] = f"its {len(input_ids)} input tokens fill the context length of {limit}"
             turns[i] = Turn([], [], "", Sample.Status.TRUNCATED, "", reason, context_capped=capped)
         else:
-            batches.setdefault(budget, []).append(i)
+            batches.setdefault((budget, asks[i]), []).append(i)
 
-    async def send(budget: int, members: list[int]) -> None:
+    async def send(budget: int, ask: RouteRequest | None, members: list[int]) -> None:
         params = {**sampling_params, "max_new_tokens": budget}
         index = None if indices is None or len(members) > 1 else indices[members[0]]
         if index is not None and "sampling_seed" not in params:
             params["sampling_seed"] = sampling_seed(rollout_seed(args), index, len(inputs[members[0]]))
         member_images = None if images is None else [images[i] for i in members]
-        replies = await _post_generate(args, context, [sent[i] for i in members], params, member_images)
+        replies = await _post_generate(args, context, [sent[i] for i in members], params, member_images, ask)
         for i, reply in zip(members, replies, strict=True):
             if reply is None:  # the rollout aborted while the request waited for a retry
                 turns[i] = _aborted_turn()
@@ -333,8 +524,15 @@ async def generate_turns(
                 check_expanded_length(len(inputs[i]), reply, index)
             turn = turns[i] = parse_reply(reply, index)
             turn.context_capped = budget < asked[i]
+            if ask is None:
+                continue
+            _take_routes(args, turn, reply, ask, len(inputs[i]), index)
+            if turn.num_retractions and turn.output_ids:
+                await rescore_turn(
+                    args, context, inputs[i], turn, ask, None if images is None else images[i], index
+                )
 
-    await asyncio.gather(*(send(budget, members) for budget, members in batches.items()))
+    await asyncio.gather(*(send(budget, ask, members) for (budget, ask), members in batches.items()))
     done = [turn for turn in turns if turn is not None]
     assert len(done) == len(turns)  # every input got its turn above
     return done
@@ -363,9 +561,11 @@ async def _post_generate(
     inputs: list[list[int]],
     params: dict[str, Any],
     images: list[list[str]] | None = None,
+    routes: RouteRequest | None = None,
 ) -> list[Any]:
     """The replies to one ``/generate`` of ``inputs`` (the single form for one), None each when the
-    rollout aborted before a retry."""
+    rollout aborted before a retry. With ``routes`` it asks for routed experts, from an engine
+    directly (sglang-router 0.3.2 would drop the fields)."""
     batched = len(inputs) > 1
     payload: dict[str, Any] = {
         "input_ids": [list(ids) for ids in inputs] if batched else list(inputs[0]),
@@ -376,12 +576,18 @@ async def _post_generate(
         payload["image_data"] = images if batched else images[0]
     if (adapter := served_adapter(args)) is not None:
         payload["lora_path"] = adapter  # one name for the whole batch
-    url = f"{router_url(args)}/generate"
+    router = router_url(args)
+    if routes is not None:
+        payload.update(return_routed_experts=True, routed_experts_start_len=routes.start)
+        if routes.rescore:
+            payload["logprob_start_len"] = routes.start
     if context is not None:
-        reply = await _post_with_retries(context, url, payload)
+        engines_of = router if routes is not None else None
+        reply = await _post_with_retries(context, f"{router}/generate", payload, engines_of)
     else:
         async with one_off_session() as session:  # outside a rollout
-            reply = await post_json(session, url, payload)
+            base = (await asyncio.to_thread(engine_urls, router))[0] if routes is not None else router
+            reply = await post_json(session, f"{base}/generate", payload)
     if reply is None:
         return [None] * len(inputs)
     replies = reply if batched else [reply]
@@ -397,9 +603,12 @@ def _engine_failed(error: Exception) -> bool:
     return isinstance(error, aiohttp.ClientError | ConnectionError)
 
 
-async def _post_with_retries(context: RolloutContext, url: str, payload: dict[str, Any]) -> Any:
+async def _post_with_retries(
+    context: RolloutContext, url: str, payload: dict[str, Any], engines_of: str | None = None
+) -> Any:
     """``/generate`` under a fresh rid per attempt, sent again ``context.retries`` times when an engine
     failed it; None when the rollout aborted meanwhile. The last failure is raised as it came.
+    ``engines_of`` (a router): to its engines in turn (``RolloutContext.engine_url``) instead of ``url``.
 
     A batch (``input_ids`` a list of lists) gets one rid; SGLang names its requests ``<rid>_<i>``
     (``GenerateReqInput._normalize_rid``), and those are the rids tracked in flight and aborted."""
@@ -409,6 +618,8 @@ async def _post_with_retries(context: RolloutContext, url: str, payload: dict[st
     while True:
         rid = payload["rid"] = context.new_rid()
         rids = [rid] if batch_size is None else [f"{rid}_{i}" for i in range(batch_size)]
+        if engines_of is not None:
+            url = f"{await context.engine_url(engines_of)}/generate"
         context.in_flight.update(rids)
         try:
             return await post_json(context.session, url, payload)
@@ -440,9 +651,12 @@ def _check_response(sample: Sample) -> list[int]:
 
 
 def append_model_turn(sample: Sample, turn: Turn) -> None:
-    """Appends a model turn: its ids, log-probs, text, loss mask 1, weight version; status from its end."""
+    """Appends a model turn: its ids, log-probs, text, loss mask 1, weight version; status from its end.
+    With R3, its routed experts after the sample's first ``turn.routes_start`` rows (``_append_routes``)."""
     loss_mask = _check_response(sample)
     start = sample.response_length
+    if turn.routed_experts is not None:
+        _append_routes(sample, turn)
     sample.tokens += turn.output_ids
     sample.response += turn.text
     sample.response_length += len(turn.output_ids)
@@ -464,6 +678,36 @@ def append_model_turn(sample: Sample, turn: Turn) -> None:
         fail_without_response(sample, reason)
 
 
+def _append_routes(sample: Sample, turn: Turn) -> None:
+    """Before the turn's tokens are appended: the sample's rows up to ``turn.routes_start`` and then the
+    turn's, and the turn's re-scored input log-probs in place of the response log-probs it held. A turn
+    whose rows would explain held log-probs of another forward is refused (it was sent without the
+    sample's ``route_request``)."""
+    assert turn.routed_experts is not None  # the caller's check
+    if turn.input_log_probs is None and _explains_held_log_probs(sample, turn.routes_start):
+        raise ValueError(
+            f"sample {sample.index}: a turn's routed experts from position {turn.routes_start} route "
+            "response tokens whose log-probs came from an earlier forward; send the turn with "
+            "routes=route_request(sample) (slime.rollout.generate_utils)"
+        )
+    held = routes_array(sample.rollout_routed_experts)
+    if held is None:
+        held = np.zeros((0, *turn.routed_experts.shape[1:]), dtype=np.int32)
+    rows = turn.routes_start + len(turn.routed_experts)
+    if len(held) < turn.routes_start or rows != len(sample.tokens) + len(turn.output_ids) - 1:
+        raise ValueError(
+            f"sample {sample.index}: a turn's routed experts for positions {turn.routes_start}..{rows - 1} "
+            f"do not continue the {len(held)} rows held for {len(sample.tokens)} tokens"
+        )
+    sample.rollout_routed_experts = np.concatenate([held[: turn.routes_start], turn.routed_experts])
+    if turn.input_log_probs is None or sample.rollout_log_probs is None:
+        return
+    prompt = sample.prompt_length
+    for position, value in enumerate(turn.input_log_probs, start=turn.routes_start + 1):
+        if position >= prompt:
+            sample.rollout_log_probs[position - prompt] = value
+
+
 def fail_without_response(sample: Sample, reason: str) -> None:
     """Makes a finished sample that has no response token FAILED, carried by a two-token stub.
 
@@ -478,6 +722,7 @@ def fail_without_response(sample: Sample, reason: str) -> None:
     """
     sample.tokens = [sample.tokens[0], sample.tokens[-1]]
     sample.multimodal_train_inputs = None  # the stub holds no image token
+    sample.rollout_routed_experts = None  # R3: the train data gives a stub placeholder rows
     sample.response_length = 1
     sample.loss_mask = [0]
     if sample.rollout_log_probs is not None:

@@ -10,8 +10,9 @@ place on the rollout side that reads that namespace:
 - ``settings_of(args, RewardSettings)``, ``rollout_settings(args)``, ...: the settings a default
   plugin works from, for the namespace it was called with: those the manager bound to its copy
   (``bind``), else read from the namespace (a test's or a user's own, which may change between calls).
-- ``tokenizer_path`` / ``rollout_seed``: what the generate helpers (``generate_utils``) need, which
-  plugins call with whatever namespace they hold, a hand-built one included.
+- ``tokenizer_path`` / ``rollout_seed`` / ``routed_experts_shape``: what the generate helpers
+  (``generate_utils``) need, which plugins call with whatever namespace they hold, a hand-built one
+  included.
 """
 
 from __future__ import annotations
@@ -80,6 +81,17 @@ def rollout_seed(args: argparse.Namespace) -> int:
     """``--rollout-seed``: each request's own sampling seed derives from it."""
     bound = _bound(args, SamplingSettings)
     return bound.seed if bound is not None else args.rollout_seed
+
+
+def routed_experts_shape(args: argparse.Namespace) -> tuple[int, int] | None:
+    """``--use-rollout-routing-replay``: ``(layers, topk)`` of the routed-experts rows each request asks
+    for (``--num-layers``, ``--moe-router-topk``); None without it."""
+    bound = _bound(args, RolloutSettings)
+    if bound is not None:
+        return bound.routed_experts_shape
+    if not getattr(args, "use_rollout_routing_replay", False):
+        return None
+    return int(args.num_layers), int(args.moe_router_topk)
 
 
 def rollout_settings(args: argparse.Namespace) -> RolloutSettings:

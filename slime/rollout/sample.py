@@ -14,6 +14,8 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
+import numpy as np
+
 
 @dataclass
 class Sample:
@@ -133,8 +135,11 @@ class Sample:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field (status as its string value), for debug dumps and the saved
         buffer. ``multimodal_train_inputs`` (tensors) is left out: the processor remakes it from
-        ``multimodal_inputs`` (``slime.rollout.generate_utils.request_images``)."""
-        data = dataclasses.asdict(replace(self, multimodal_train_inputs=None))
+        ``multimodal_inputs`` (``slime.rollout.generate_utils.request_images``). Routed experts become
+        nested lists."""
+        routes = routes_array(self.rollout_routed_experts)
+        data = dataclasses.asdict(replace(self, multimodal_train_inputs=None, rollout_routed_experts=None))
+        data["rollout_routed_experts"] = None if routes is None else routes.tolist()
         data["status"] = self.status.value
         return data
 
@@ -146,4 +151,19 @@ class Sample:
             data["status"] = cls.Status(data["status"])
         if "turn_spans" in data:  # JSON turns the pairs into lists
             data["turn_spans"] = [tuple(span) for span in data["turn_spans"]]
+        if "rollout_routed_experts" in data:
+            data["rollout_routed_experts"] = routes_array(data["rollout_routed_experts"])
         return cls(**data)
+
+
+def routes_array(routes: Any) -> np.ndarray | None:
+    """``rollout_routed_experts`` in any form a generate function may leave it (our int32 array, upstream
+    slime's int32 torch tensor, nested lists) as an int32 array ``[positions, layers, topk]``."""
+    if routes is None:
+        return None
+    if hasattr(routes, "detach"):  # a torch tensor, as upstream slime stores it
+        routes = routes.detach().cpu().numpy()
+    array = np.asarray(routes, dtype=np.int32)
+    if array.ndim != 3:
+        raise ValueError(f"rollout_routed_experts must be [positions, layers, topk], got shape {array.shape}")
+    return array

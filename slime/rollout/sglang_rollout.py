@@ -73,6 +73,7 @@ from slime.rollout.generate_utils import (
     remaining_tokens,
     request_images,
     rollout_context,
+    route_request,
 )
 from slime.rollout.output import RolloutOutput
 from slime.rollout.plugin_args import eval_settings, rollout_settings, router_url, settings_of
@@ -260,7 +261,10 @@ class RolloutClient:
             budgets = [remaining_tokens(sample, params) for sample in samples]
             tokens, indices = [sample.tokens for sample in samples], [sample.index for sample in samples]
             images = [request_images(self.args, sample) for sample in samples]
-            turns = await generate_turns(self.args, tokens, params, budgets, indices, images=images)
+            routes = [route_request(sample) for sample in samples]
+            turns = await generate_turns(
+                self.args, tokens, params, budgets, indices, images=images, routes=routes
+            )
         for sample, turn in zip(samples, turns, strict=True):
             append_model_turn(sample, turn)
         progress.update(len(samples))

@@ -10,9 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from slime.config.settings.rollout import RolloutSettings
 from slime.rollout.errors import RolloutError
-from slime.rollout.sample import Sample
+from slime.rollout.sample import Sample, routes_array
 
 TrainData = dict[str, list[Any]]
 """Per-sample lists, all of one length, in group order: the keys ``samples_to_train_data`` fills, then
@@ -31,7 +33,9 @@ class RolloutBatch:
     metrics: dict[str, float]
 
 
-def samples_to_train_data(groups: list[list[Sample]], reward_key: str | None = None) -> TrainData:
+def samples_to_train_data(
+    groups: list[list[Sample]], reward_key: str | None = None, routing_replay: bool = False
+) -> TrainData:
     """The trainer's per-sample lists from scored sample groups, in group order.
 
     ``rewards`` is the scalar that trains (``--reward-key`` picks it from a dict); ``raw_rewards`` is
@@ -48,6 +52,8 @@ def samples_to_train_data(groups: list[list[Sample]], reward_key: str | None = N
     ``remove_sample`` (upstream slime's field) keeps its place and reward but its loss mask is zeros.
     ``multimodal_train_inputs`` (present when a sample has images) are the processor's tensors, which
     the trainer feeds to the vision tower; they are made once, on the rollout side.
+    ``rollout_routed_experts`` (with ``routing_replay``, or when a generate function set them) are
+    each sample's routed experts (``_routed_experts``).
     """
     samples = [sample for group in groups for sample in group]
     prompt_groups = [number for number, group in enumerate(groups) for _ in group]
@@ -65,8 +71,12 @@ def samples_to_train_data(groups: list[list[Sample]], reward_key: str | None = N
     with_images = any(sample.multimodal_train_inputs is not None for sample in samples)
     if with_images:
         keys.append("multimodal_train_inputs")
+    with_routes = routing_replay or any(sample.rollout_routed_experts is not None for sample in samples)
+    if with_routes:
+        keys.append("rollout_routed_experts")
     data: TrainData = {key: [] for key in keys}
-    for sample, prompt_group in zip(samples, prompt_groups, strict=True):
+    route_shape = _route_shape(samples) if with_routes else None
+    for position, (sample, prompt_group) in enumerate(zip(samples, prompt_groups, strict=True)):
         n = sample.response_length
         mask = list(sample.loss_mask) if sample.loss_mask is not None else [1] * n
         log_probs = sample.rollout_log_probs
@@ -98,7 +108,40 @@ def samples_to_train_data(groups: list[list[Sample]], reward_key: str | None = N
             data["multimodal_train_inputs"].append(sample.multimodal_train_inputs)
         if with_teacher:
             data["teacher_log_probs"].append(_teacher_log_probs(sample))
+        if with_routes:
+            data["rollout_routed_experts"].append(_routed_experts(sample, position, route_shape))
     return data
+
+
+def _route_shape(samples: list[Sample]) -> tuple[int, ...] | None:
+    """``(layers, topk)`` of the rollout's routed experts (None when no sample has any)."""
+    for sample in samples:
+        routes = routes_array(sample.rollout_routed_experts)
+        if routes is not None:
+            return routes.shape[1:]
+    return None
+
+
+def _routed_experts(sample: Sample, position: int, shape: tuple[int, ...] | None) -> np.ndarray:
+    """The sample's routed experts, int32 ``[len(tokens) - 1, layers, topk]`` (``Sample``'s field in
+    any form it accepts, upstream's torch tensor included). A FAILED sample (never trained, maybe a
+    two-token stub) gets rows of experts ``0 .. topk - 1``, distinct ids the trainer can replay."""
+    routes = routes_array(sample.rollout_routed_experts)
+    rows = len(sample.tokens) - 1
+    complete = routes is not None and len(routes) == rows
+    if not complete and sample.status == Sample.Status.FAILED and shape is not None:
+        placeholder = np.empty((rows, *shape), dtype=np.int32)
+        placeholder[...] = np.arange(shape[1], dtype=np.int32)
+        return placeholder
+    if routes is None or not complete:
+        held = "no rows" if routes is None else f"{len(routes)} rows"
+        raise RolloutError(
+            f"--use-rollout-routing-replay: sample {position} (index {sample.index}) has {held} of routed "
+            f"experts for its {len(sample.tokens)} tokens (one row per token but the last); its generate "
+            "function must request them (slime.rollout.generate_utils.generate_turns does; a custom one "
+            "sends return_routed_experts and sets sample.rollout_routed_experts)"
+        )
+    return routes
 
 
 def _teacher_log_probs(sample: Sample) -> list[float]:

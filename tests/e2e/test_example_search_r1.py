@@ -114,7 +114,7 @@ def _scripted(args: argparse.Namespace, turns: list[tuple[str, Sample.Status]]):
     tokenizer = cached_tokenizer(args.hf_checkpoint)
     pending = list(turns)
 
-    async def generate_turn(args, input_ids, sampling_params, index=None):
+    async def generate_turn(args, input_ids, sampling_params, index=None, routes=None):
         assert sampling_params["stop"][-2:] == search.STOPS
         text, status = pending.pop(0)
         ids = tokenizer(text, add_special_tokens=False)["input_ids"][: sampling_params["max_new_tokens"]]

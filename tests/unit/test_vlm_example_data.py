@@ -185,7 +185,9 @@ def test_two_turn_generate_shows_the_second_picture_masked(
     sample.metadata["colours"] = row["metadata"]["colours"]
     sent: list[tuple[list[int], list[str]]] = []
 
-    async def fake_turn(args: Any, input_ids: list[int], params: dict, index: Any, images: list[str]) -> Turn:
+    async def fake_turn(
+        args: Any, input_ids: list[int], params: dict, index: Any, images: list[str], routes: Any = None
+    ) -> Turn:
         assert params["max_new_tokens"] == multi_turn_generate.TURN_TOKENS
         sent.append((list(input_ids), images))
         return _reply(tokenizer, answers[len(sent) - 1])

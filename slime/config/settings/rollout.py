@@ -165,6 +165,9 @@ class RolloutSettings:
     """``--use-rollout-logprobs``: every trained sample must carry the engine's log-probs."""
     max_turns: int = 8
     """``--max-turns``: for multi-turn generate functions."""
+    routed_experts_shape: tuple[int, int] | None = None
+    """``--use-rollout-routing-replay``: every trained sample carries the experts the engine routed its
+    tokens to (``slime.rollout.train_data``), rows of ``(--num-layers, --moe-router-topk)``; None: off."""
     opd: OpdSettings = field(default_factory=OpdSettings)
     """``--use-opd``: the teachers that score each sample's tokens (``slime.rollout.teacher``)."""
     teacher_engine: EngineSettings | None = None
@@ -173,6 +176,10 @@ class RolloutSettings:
     kept_positions: int = 1
     """Data positions kept for a stopping run's checkpoint: ``--async-buffer-size`` + 1 rollouts
     may have begun past the last one trained (``slime.rollout.data_source.KeptPositions``)."""
+
+    @property
+    def routing_replay(self) -> bool:
+        return self.routed_experts_shape is not None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RolloutSettings:
@@ -189,6 +196,9 @@ class RolloutSettings:
             mask_offpolicy_in_partial_rollout=bool(args.mask_offpolicy_in_partial_rollout),
             use_rollout_logprobs=bool(args.use_rollout_logprobs),
             max_turns=args.max_turns,
+            routed_experts_shape=(
+                (int(args.num_layers), int(args.moe_router_topk)) if args.use_rollout_routing_replay else None
+            ),
             opd=(opd := OpdSettings.from_args(args)),
             teacher_engine=teacher_engine_settings(args, engine, opd) if opd.teacher_gpus else None,
             kept_positions=args.async_buffer_size + 1,

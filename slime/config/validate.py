@@ -19,6 +19,7 @@ import argparse
 import inspect
 import os
 import re
+import sys
 import tempfile
 from pathlib import Path
 
@@ -563,6 +564,46 @@ def check_training_options(args: argparse.Namespace) -> None:
         missing = "--save DIR --save-interval N" if args.save is None else "--save-interval N"
         raise ConfigError(
             "--auto-resume", f"resumes from the checkpoints in --save and needs them; add {missing}"
+        )
+    _check_routing_replay(args)
+
+
+def _check_routing_replay(args: argparse.Namespace) -> None:
+    """MoE routing replay: routers that pick a top-k; for R3 engines that return routes, for R2 an
+    old-log-prob forward to record in (``slime.backends.megatron.routing_replay``)."""
+    flag = next(
+        (name for name, on in (("--use-rollout-routing-replay", args.use_rollout_routing_replay),
+                               ("--use-routing-replay", args.use_routing_replay)) if on),
+        None,
+    )  # fmt: skip
+    if flag is None:
+        return
+    if args.num_experts is None:
+        raise ConfigError(flag, "replays MoE routes but the model has no experts (--num-experts); drop it")
+    if args.moe_router_load_balancing_type == "sinkhorn":
+        raise ConfigError(
+            flag,
+            "replays a top-k choice, which sinkhorn routing does not make; use "
+            "--moe-router-load-balancing-type aux_loss, seq_aux_loss or none",
+        )
+    if args.use_rollout_routing_replay:
+        if args.rollout_external_engine_addrs:
+            sys.stderr.write(
+                "warning: --use-rollout-routing-replay: the --rollout-external-engine-addrs engines must "
+                "have been started with --enable-return-routed-experts, or their replies carry no routes\n"
+            )
+        return
+    if args.loss_type not in ("policy_loss", "custom_loss"):
+        raise ConfigError(
+            flag,
+            f"records routes in the old-log-prob forward, which --loss-type {args.loss_type} does not run; "
+            "use --use-rollout-routing-replay (the engine's routes) or drop it",
+        )
+    if args.use_rollout_logprobs:
+        raise ConfigError(
+            flag,
+            "records routes in the old-log-prob forward, which --use-rollout-logprobs skips; use "
+            "--use-rollout-routing-replay to replay the engine's routes instead",
         )
 
 

@@ -85,6 +85,10 @@ class MicroBatch:
     image_mask: torch.Tensor | None = None
     """VLM only: bool ``[b, s]``, True at the image pad tokens the images' features replace (an image's
     run after ``<|vision_start|>``; a pad the model sampled elsewhere is a token like any other)."""
+    token_positions: torch.Tensor | None = None
+    """int64 ``[N, 2]`` on the CPU, N the samples' tokens end to end: the ``(row, column)`` of ``tokens``
+    where each is computed (a shared prompt's tokens at its segment's prompt, for every sample of the
+    group). MoE routing replay lays per-token routes out by it (``routing_replay``)."""
 
     @property
     def packed(self) -> bool:
@@ -346,6 +350,9 @@ def _padded(
     if pixel_values is not None:
         image_mask = _image_mask([[x.mask(0, end)] for x, _, end in whole], tokens.shape[1], device)
     rows = [row for row, n in enumerate(responses) for _ in range(n)]
+    token_positions = torch.cat(
+        [torch.stack([torch.full((n,), row), torch.arange(n)], 1) for row, n in enumerate(lengths)]
+    )
     pairs = zip(lengths, responses, strict=True)
     columns = [c for total, n in pairs for c in range(total - n - 1, total - 1)]
     return MicroBatch(
@@ -361,6 +368,7 @@ def _padded(
         pixel_values=pixel_values,
         image_grid_thw=image_grid_thw,
         image_mask=image_mask,
+        token_positions=token_positions,
     )
 
 
@@ -400,6 +408,7 @@ def _packed(
     blocks: list[int] = []
     segments: list[int] = []
     predictors: list[list[int]] = [[] for _ in tokens]
+    columns_of: list[list[torch.Tensor]] = [[] for _ in tokens]  # where each sample's tokens lie in the row
     for members in prompt_segments(samples, share, keys):
         start = len(flat)
         prompt = prompts[members[0]]
@@ -414,6 +423,7 @@ def _packed(
             pieces.append((layouts[k], prompt, len(tokens[k])))
             blocks += [block] * responses[k]
             predictors[k] = [start + prompt - 1, *range(at, at + responses[k] - 1)]
+            columns_of[k] = [torch.arange(start, start + prompt), torch.arange(at, at + responses[k])]
         segments.append(len(flat) - start)
     pad = -len(flat) % multiple
     if pad:
@@ -429,6 +439,7 @@ def _packed(
     bounds = torch.tensor([0, *segments], dtype=torch.int32).cumsum(0, dtype=torch.int32)
     shared = len(segments) - bool(pad) < len(tokens)
     columns = [c for per_sample in predictors for c in per_sample]
+    columns_in_row = torch.cat([c for per_sample in columns_of for c in per_sample])
     return MicroBatch(
         tokens=torch.tensor([flat], dtype=torch.long).to(device),
         position_ids=(row[:, None] if mrope is not None else row).to(device),  # [3, 1, T] or [1, T]
@@ -445,6 +456,7 @@ def _packed(
         pixel_values=pixel_values,
         image_grid_thw=image_grid_thw,
         image_mask=image_mask,
+        token_positions=torch.stack([torch.zeros_like(columns_in_row), columns_in_row], 1),
     )
 
 

@@ -57,7 +57,8 @@ def old_log_probs_are_current(settings: TrainerSettings) -> bool:
     loss: a KL reference (kept in the same pass), token-level estimators and KL-shaped rewards (they
     build advantages from them), a custom loss (it may read them), or the engine's log-probs standing
     in for them (``--use-rollout-logprobs``), or on-policy distillation (the teacher's reverse KL shapes
-    the advantages). ``--force-old-logprob-pass`` keeps the pass.
+    the advantages), or R2 routing replay (``--use-routing-replay`` records the routes training
+    replays in that pass). ``--force-old-logprob-pass`` keeps the pass.
     """
     loss = settings.loss
     return (
@@ -71,6 +72,7 @@ def old_log_probs_are_current(settings: TrainerSettings) -> bool:
         and loss.custom_advantage_function_path is None
         and loss.advantage_estimator not in TOKEN_LEVEL_ESTIMATORS
         and not loss.use_opd
+        and not (loss.use_routing_replay and not loss.use_rollout_routing_replay)
     )
 
 

@@ -55,6 +55,7 @@ from slime.backends.megatron.model import build_model_chunks, build_optimizer, w
 from slime.backends.megatron.mrope_positions import read_mrope_config
 from slime.backends.megatron.offload import TrainerMemory
 from slime.backends.megatron.packed_attention import packed_seq_params, shared_prompt_layouts
+from slime.backends.megatron.routing_replay import RoutingMode, RoutingReplay
 from slime.backends.megatron.value_head import attach_value_heads
 from slime.config.settings.trainer import TrainerSettings
 from slime.rollout.train_data import TrainData
@@ -145,6 +146,8 @@ class MegatronTrainer:
         # A vision-language model: its micro-batches carry 3-D RoPE positions and the images' patches.
         self.mrope = read_mrope_config(settings.checkpoint.hf_checkpoint)
         chunks = build_model_chunks(settings, self.config, self.device)
+        # MoE routing replay (--use-rollout-routing-replay, --use-routing-replay): idle without them.
+        self.routing = RoutingReplay(chunks, settings, self.config, self.device)
         gated = settings.model.swiglu
         load_hf_weights(chunks, settings.checkpoint.hf_checkpoint, self.converter, gated=gated)
         lora = settings.lora
@@ -235,9 +238,11 @@ class MegatronTrainer:
         loss_of: Callable[[MicroBatch, list[torch.Tensor], list[torch.Tensor] | None], tuple],
         forward_only: bool,
         with_entropy: bool,
+        routing: RoutingMode = RoutingMode.OFF,
     ) -> list[dict]:
         """Runs Megatron's schedule over ``data``; ``loss_of`` returns a micro-batch's share of the
-        global loss (its loss weights normalise over the global batch)."""
+        global loss (its loss weights normalise over the global batch). ``routing``: what the MoE
+        routers do (``routing_replay``)."""
         batches = self._micro_batches(data)
         # Megatron divides each micro-batch loss by this rank's count and DDP averages over
         # data-parallel ranks; undo both so the gradient is that of the summed shares.
@@ -245,6 +250,8 @@ class MegatronTrainer:
 
         def forward_step(iterator, model):
             batch = next(iterator)
+            chunk = next(i for i, candidate in enumerate(self.model) if candidate is model)
+            self.routing.before_forward(chunk, batch)
             images = {}  # a VLM's micro-batch with images only: text models get the plain call
             if batch.pixel_values is not None:
                 images = {
@@ -255,6 +262,7 @@ class MegatronTrainer:
             output = model(
                 batch.tokens, batch.position_ids, None, packed_seq_params=packed_seq_params(batch), **images
             )
+            self.routing.after_forward(chunk)
             outputs_of = self._response_outputs(batch, with_entropy)
 
             def scaled_loss(logits):
@@ -263,7 +271,7 @@ class MegatronTrainer:
 
             return output, scaled_loss
 
-        with shared_prompt_layouts(batches):
+        with shared_prompt_layouts(batches), self.routing.routing(routing, data, training=not forward_only):
             return get_forward_backward_func()(
                 forward_step_func=forward_step,
                 data_iterator=[iter(batches) for _ in self.model],
@@ -278,9 +286,10 @@ class MegatronTrainer:
 
     def compute_log_probs(self, data: TrainData) -> list[torch.Tensor] | None:
         """Per-sample log-probs of the response tokens (on the last pipeline stage; None elsewhere), at
-        the training temperature (``TrainerSettings.temperature``)."""
+        the training temperature (``TrainerSettings.temperature``). The policy's forward over rollout
+        data: under routing replay it replays the engine's routes (R3) or records its own (R2)."""
         assert not self.is_critic, "the critic has a value head, not log-probs: compute_values"
-        return self._response_forward(data)
+        return self._response_forward(data, self.routing.old_pass_mode)
 
     def compute_values(self, data: TrainData) -> list[torch.Tensor] | None:
         """The critic's value of the state before every response token, per sample (on the last pipeline
@@ -289,7 +298,9 @@ class MegatronTrainer:
         return self._response_forward(data)
 
     @torch.no_grad()
-    def _response_forward(self, data: TrainData) -> list[torch.Tensor] | None:
+    def _response_forward(
+        self, data: TrainData, routing: RoutingMode = RoutingMode.OFF
+    ) -> list[torch.Tensor] | None:
         """A forward pass without gradients; the model's per-response-token output of every sample, in
         the data's order (the last pipeline stage; None elsewhere)."""
         for chunk in self.model:
@@ -299,7 +310,7 @@ class MegatronTrainer:
             kept = {"outputs": [out.float().cpu() for out in outputs], "indices": batch.indices}
             return torch.zeros((), device=self.device), kept
 
-        stored = self._run(data, collect, forward_only=True, with_entropy=False)
+        stored = self._run(data, collect, forward_only=True, with_entropy=False, routing=routing)
         if not mpu.is_pipeline_last_stage():
             return None
         # Dynamic micro-batches hold samples out of order; put them back in the data's order.
@@ -358,8 +369,8 @@ class MegatronTrainer:
         current = self._snapshot()
         self._load_snapshot(self.ref_weights)
         try:
-            for shard in shards:
-                ref = self.compute_log_probs(shard)
+            for shard in shards:  # the reference routes for itself: no engine ran it (routing_replay)
+                ref = self._response_forward(shard)
                 if ref is not None:
                     shard["ref_log_probs"] = ref
         finally:
@@ -380,7 +391,9 @@ class MegatronTrainer:
             return loss, metrics
 
         start = time.perf_counter()
-        stored = self._run(data, loss_of, forward_only=False, with_entropy=True)
+        stored = self._run(
+            data, loss_of, forward_only=False, with_entropy=True, routing=self.routing.train_mode
+        )
         ran = time.perf_counter()
         updated, grad_norm, _ = self.optimizer.step()
         if updated:
@@ -392,6 +405,7 @@ class MegatronTrainer:
         metrics["grad_norm"] = float(grad_norm) if grad_norm is not None else float("nan")
         metrics["lr"] = self.optimizer.param_groups[0]["lr"]
         metrics["skipped"] = float(not updated)
+        metrics.update(self.routing.step_metrics())
         return metrics
 
     def _reduce_metrics(self, stored: list[dict]) -> dict[str, float]:

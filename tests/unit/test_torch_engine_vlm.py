@@ -439,3 +439,26 @@ def test_a_multi_turn_sample_holds_exactly_the_ids_the_engine_saw(served: Served
     start = sample.prompt_length
     whole = [seen[start + i][0] for i in trained]
     assert whole == pytest.approx([sample.rollout_log_probs[i] for i in trained], abs=1e-5)
+
+
+def test_an_opd_teacher_scores_a_sample_with_its_picture(
+    served: Served, hf: Any, model_dir: Path, prompt_ids: list[int]
+) -> None:
+    """On-policy distillation of a vision-language sample: the teacher request carries the sample's
+    picture and one pad per picture, and the teacher's log-probs of the response are those of one
+    transformers forward over the expanded ids with the picture's pixels."""
+    import argparse
+
+    from slime.rollout.sample import Sample
+    from slime.rollout.teacher import response_log_probs, teacher_request
+
+    response = [5, 9, 12]
+    full = expanded(prompt_ids, hf.config.image_token_id)
+    sample = Sample(
+        index=0, tokens=full + response, response_length=3, multimodal_inputs={"image": [data_url("red")]}
+    )
+    payload = teacher_request(argparse.Namespace(hf_checkpoint=str(model_dir)), sample, 1.0)
+    assert payload["input_ids"] == prompt_ids + response and len(payload["image_data"]) == 1
+    teacher = torch.tensor(response_log_probs(served.generate(**payload), sample, "vlm teacher"))
+    want = hf_logprobs(model_dir, hf, full + response, ["red"])[-3:]
+    assert (teacher - want).abs().max() < 1e-5

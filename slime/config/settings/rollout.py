@@ -92,7 +92,9 @@ class RewardSettings:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RewardSettings:
-        return read_flags(cls, args)
+        # a plugin's hand-built namespace (upstream's tests build them) may predate the post-process flag
+        post_process = getattr(args, "custom_reward_post_process_path", None)
+        return read_flags(cls, args, custom_reward_post_process_path=post_process)
 
 
 def routing_replay_server_args(args: argparse.Namespace) -> dict[str, object]:

@@ -60,7 +60,6 @@ from slime.rollout.train_data import (
     RolloutBatch,
     apply_reward_post_process,
     require_rollout_log_probs,
-    require_teacher_log_probs,
     rollout_metrics,
     samples_to_train_data,
 )
@@ -204,9 +203,13 @@ class RolloutManager:
             raw, trained_rewards = apply_reward_post_process(post_process, self.plugin_args, output.groups)
             for sample, value in zip((s for group in output.groups for s in group), raw, strict=True):
                 sample.reward = value
-        require_teacher_log_probs(self.rollout, output.groups)
         reward_key = self.rollout.reward.reward_key
-        data = samples_to_train_data(output.groups, reward_key, routing_replay=self.rollout.routing_replay)
+        data = samples_to_train_data(
+            output.groups,
+            reward_key,
+            routing_replay=self.rollout.routing_replay,
+            distillation=self.rollout.opd.enabled,
+        )
         if trained_rewards is not None:  # upstream's form: these train as they are
             data["rewards"] = trained_rewards
         metrics = rollout_metrics(output.groups, seconds, reward_key)

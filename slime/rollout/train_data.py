@@ -34,7 +34,10 @@ class RolloutBatch:
 
 
 def samples_to_train_data(
-    groups: list[list[Sample]], reward_key: str | None = None, routing_replay: bool = False
+    groups: list[list[Sample]],
+    reward_key: str | None = None,
+    routing_replay: bool = False,
+    distillation: bool = False,
 ) -> TrainData:
     """The trainer's per-sample lists from scored sample groups, in group order.
 
@@ -53,7 +56,8 @@ def samples_to_train_data(
     ``multimodal_train_inputs`` (present when a sample has images) are the processor's tensors, which
     the trainer feeds to the vision tower; they are made once, on the rollout side.
     ``rollout_routed_experts`` (with ``routing_replay``, or when a generate function set them) are
-    each sample's routed experts (``_routed_experts``).
+    each sample's routed experts (``_routed_experts``); ``teacher_log_probs`` (with ``distillation``,
+    ``--use-opd``, or when a plugin set them) the teacher's (``_teacher_log_probs``).
     """
     samples = [sample for group in groups for sample in group]
     prompt_groups = [number for number, group in enumerate(groups) for _ in group]
@@ -64,7 +68,7 @@ def samples_to_train_data(
     keys += ["weight_versions", "valid_rewards", "prompt_groups"]
     if with_log_probs:
         keys += ["rollout_log_probs", "rollout_log_prob_masks"]
-    with_teacher = any(sample.teacher_log_probs is not None for sample in samples)
+    with_teacher = distillation or any(sample.teacher_log_probs is not None for sample in samples)
     if with_teacher:  # --use-opd: the teacher's log-probs of each response token
         keys.append("teacher_log_probs")
     # Images: the processor's tensors of each sample (None for a text sample), only when there are any.
@@ -152,25 +156,11 @@ def _teacher_log_probs(sample: Sample) -> list[float]:
     if teacher is None or len(teacher) != sample.response_length:
         raise RolloutError(
             f"--use-opd: sample {sample.index} has {'no' if teacher is None else len(teacher)} teacher "
-            f"log-probs for its {sample.response_length} response tokens (a plugin that sets "
-            "sample.teacher_log_probs must give one per response token)"
+            f"log-probs for its {sample.response_length} response tokens; pass --opd-teacher-hf-checkpoint "
+            "or --opd-teacher-urls, or a --custom-reward-post-process-path that sets "
+            "sample.teacher_log_probs, one per response token"
         )
     return [float(value) for value in teacher]
-
-
-def require_teacher_log_probs(rollout: RolloutSettings, groups: list[list[Sample]]) -> None:
-    """``--use-opd`` trains on every sample's teacher log-probs: a rollout without them (no teacher
-    configured and no plugin that sets them) stops with one line instead of training without a teacher."""
-    if not rollout.opd.enabled:
-        return
-    samples = [sample for group in groups for sample in group]
-    missing = [s.index for s in samples if s.teacher_log_probs is None and s.status != Sample.Status.FAILED]
-    if missing:
-        raise RolloutError(
-            f"--use-opd: {len(missing)} samples have no teacher log-probs (e.g. sample {missing[0]}); "
-            "pass --opd-teacher-hf-checkpoint or --opd-teacher-urls, or a --custom-reward-post-process-path "
-            "that sets sample.teacher_log_probs"
-        )
 
 
 def apply_reward_post_process(

@@ -221,3 +221,14 @@ def test_a_teacher_of_another_tokenizer_is_refused(
         base(str(tiny_models["qwen2"]), "--use-opd", "--opd-teacher-hf-checkpoint", str(tiny_models["qwen2"]))
     )
     assert OpdSettings.from_args(same).teacher_gpus == 1
+
+
+def test_under_opd_a_trained_sample_without_teacher_log_probs_is_one_error() -> None:
+    scored = sample([3, 4], [5, 6], teacher_log_probs=[-0.5, -1.0], reward=1.0)
+    failed = sample([3, 4], [5], status=Sample.Status.FAILED, reward=0.0)
+    data = samples_to_train_data([[scored, failed]], distillation=True)
+    assert data["teacher_log_probs"] == [[-0.5, -1.0], [0.0]]  # a failed sample is never trained on
+    missing = r"sample 7 has no teacher log-probs for its 2 response tokens; pass --opd-teacher"
+    with pytest.raises(RolloutError, match=missing):
+        samples_to_train_data([[sample([3, 4], [5, 6], reward=1.0)]], distillation=True)
+    assert "teacher_log_probs" not in samples_to_train_data([[sample([3, 4], [5, 6], reward=1.0)]])

@@ -19,7 +19,7 @@ from slime.cli import run_entry_point
 from slime.config.settings.run import RunSettings
 from slime.ray.loop import RolloutLoop
 from slime.ray.session import TrainingSession
-from slime.utils.memory import PeakMemoryMonitor
+from slime.utils.peak_memory import PeakMemoryMonitor
 
 logger = logging.getLogger("slime")
 

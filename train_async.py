@@ -21,7 +21,7 @@ from slime.config.settings.run import RunSettings
 from slime.ray.loop import RolloutLoop
 from slime.ray.rollouts_ahead import RolloutsAhead
 from slime.ray.session import TrainingSession
-from slime.utils.memory import PeakMemoryMonitor
+from slime.utils.peak_memory import PeakMemoryMonitor
 
 logger = logging.getLogger("slime")
 

@@ -119,6 +119,8 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from slime.utils.startup import STARTUP_LOG_ENV, read_marks  # noqa: E402
+
 PROMPTS_PER_STEP = 16
 SAMPLES_PER_PROMPT = 8
 SAMPLES_PER_STEP = PROMPTS_PER_STEP * SAMPLES_PER_PROMPT
@@ -129,6 +131,7 @@ EVAL_SAMPLES_PER_PROMPT = 4
 TRL_VERSION = "1.16.0"
 TORCH_VERSION = "2.13.0"
 PHASE_TIMEOUT_S = 4 * 3600
+FIRST_REQUEST = "rollout: first /generate sent"
 PEAK_LINE = re.compile(r"done; peak memory of all processes ([0-9.]+) GiB")
 
 
@@ -154,6 +157,22 @@ def read_scalars(tb_dir: Path) -> dict[str, list[float]]:
     return {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
+def process_kind(cmdline: list[str]) -> str:
+    """A short name for what a process of the tree is: ``ray::TrainerActor``, ``gcs_server``,
+    ``python train.py``, ``python -m slime.backends.torch_engine``, ``python dashboard.py``."""
+    if not cmdline:
+        return "?"
+    program = cmdline[0].split()[0]
+    if program.startswith(("ray::", "sglang::")) or "python" not in Path(program).name:
+        return Path(program).name
+    rest = cmdline[1:]
+    while rest and rest[0].startswith("-") and rest[0] != "-m":
+        rest = rest[1:]
+    if rest[:1] == ["-m"] and len(rest) > 1:
+        return f"python -m {rest[1]}"
+    return f"python {Path(rest[0]).name}" if rest else "python"
+
+
 class TreeSampler:
     """Peak summed RSS (every ``interval_s``) and PSS (every ``pss_every`` samples) of a process and all
     its descendants, and the most processes seen in that tree at once."""
@@ -163,6 +182,7 @@ class TreeSampler:
         self.interval_s, self.pss_every = interval_s, pss_every
         self.peak_rss = self.peak_pss = 0
         self.max_processes = 0
+        self.at_peak: dict[str, float] = {}  # MiB of RSS per process kind at the peak summed RSS
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tree-sampler", daemon=True)
 
@@ -172,6 +192,7 @@ class TreeSampler:
         except psutil.NoSuchProcess:
             return
         rss = pss = alive = 0
+        kinds: dict[str, float] = {}
         for proc in procs:
             try:
                 if with_pss:
@@ -181,8 +202,12 @@ class TreeSampler:
                     info = proc.memory_info()
                 rss += info.rss
                 alive += 1
+                kind = process_kind(proc.cmdline())
+                kinds[kind] = kinds.get(kind, 0.0) + info.rss / 2**20
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
+        if rss > self.peak_rss:
+            self.at_peak = {kind: round(mib, 1) for kind, mib in sorted(kinds.items(), key=lambda kv: -kv[1])}
         self.peak_rss = max(self.peak_rss, rss)
         self.peak_pss = max(self.peak_pss, pss)
         self.max_processes = max(self.max_processes, alive)
@@ -203,10 +228,18 @@ class TreeSampler:
         self._thread.join()
 
 
-def run_logged(command: list[str], log: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Runs ``command`` from the repo root with its output in ``log``; wall-clock and tree memory."""
+def run_logged(
+    command: list[str], log: Path, env: dict[str, str] | None = None, startup_log: Path | None = None
+) -> dict[str, Any]:
+    """Runs ``command`` from the repo root with its output in ``log``; wall-clock and tree memory.
+    With ``startup_log`` its processes write their start-up marks there (``slime.utils.startup``),
+    after this one's ``launch`` mark."""
     log.parent.mkdir(parents=True, exist_ok=True)
     print(f"$ {shlex.join(command)}  (log: {log})", flush=True)
+    if startup_log is not None:
+        startup_log.unlink(missing_ok=True)
+        env = {**(env or os.environ), STARTUP_LOG_ENV: str(startup_log)}
+        startup_log.write_text(json.dumps({"t": time.time(), "pid": os.getpid(), "what": "launch"}) + "\n")
     with log.open("w") as out:
         start = time.perf_counter()
         proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -226,7 +259,21 @@ def run_logged(command: list[str], log: Path, env: dict[str, str] | None = None)
         "peak_memory_gib": tree.peak_rss / 2**30,
         "peak_memory_pss_gib": tree.peak_pss / 2**30,
         "num_processes": tree.max_processes,
+        "memory_at_peak_mib": tree.at_peak,
     }
+
+
+def startup_timeline(path: Path) -> dict[str, float]:
+    """Seconds from launch to each start-up mark in ``path``: the first process to reach it (the
+    last, for the trainer ranks' marks: the trainer is ready when its last rank is), in time order."""
+    marks = read_marks(path)
+    launch = next(m["t"] for m in marks if m["what"] == "launch")
+    reached: dict[str, float] = {}
+    for m in marks:
+        if m["what"] not in reached or m["what"].startswith("trainer:"):
+            reached[m["what"]] = round(m["t"] - launch, 3)
+    reached.pop("launch")
+    return dict(sorted(reached.items(), key=lambda kv: kv[1]))
 
 
 def setup(work: Path, seed: int, python: str) -> Path:
@@ -297,7 +344,8 @@ def run_ours(
         # decay length changes nothing else.
         flags += ["--lr-decay-iters", str(LR_WARMUP_STEPS + 1)]
     log = work / "logs/ours.log"
-    proc = run_logged([python, "train.py", *flags], log)
+    proc = run_logged([python, "train.py", *flags], log, startup_log=work / "logs/ours_startup.jsonl")
+    startup = startup_timeline(work / "logs/ours_startup.jsonl")
     found = PEAK_LINE.findall(log.read_text(errors="replace"))
     scalars = read_scalars(tb)
     steps = scalars["perf/step_time"]
@@ -306,6 +354,8 @@ def run_ours(
         raise RuntimeError(f"ours logged {len(steps)} of {opts.num_steps} steps or wrote no {final}")
     return {
         **proc,
+        "first_request_s": startup.get(FIRST_REQUEST),
+        "startup_s": startup,
         "peak_memory_reported_gib": float(found[-1]) if found else None,
         "loop_s": sum(steps),
         "step_median_s": median_tail(steps),
@@ -513,6 +563,10 @@ def table(result: dict[str, Any]) -> str:
         f"ours split: rollout {ours['rollout_median_s']:.3f} s, train {ours['train_median_s']:.3f} s, "
         f"sync {ours['sync_median_s']:.3f} s; TRL split: generation {trl['generation_median_s']:.3f} s, "
         f"rest {trl['rest_median_s']:.3f} s"
+    )
+    lines.append(
+        f"start-up: ours' first /generate {ours['first_request_s']:.2f} s after launch; "
+        f"TRL starts training {trl['setup_s']:.2f} s after launch (its imports included)"
     )
     ratio = result["ratio"]
     lines.append(

@@ -105,6 +105,9 @@ def stack_split(work: Path, sft: Path, num_rollout: int, python: str) -> dict[st
         "samples_per_s": peer_trl.SAMPLES_PER_STEP / step,
         "wall_s": result["wall_s"],
         "peak_memory_gib": result["peak_memory_gib"],
+        "memory_at_peak_mib": result["memory_at_peak_mib"],
+        "first_request_s": result["first_request_s"],
+        "startup_s": result["startup_s"],
         "reward_first5": result["reward_first5"],
         "reward_last5": result["reward_last5"],
         "ppo_kl_max": max(abs(v) for v in scalars["train/ppo_kl"]),
@@ -155,7 +158,7 @@ def engine_parts(work: Path, sft: Path, repeats: int) -> dict[str, float]:
     from slime.backends.engine_server import start_engine_server
     from slime.backends.torch_engine.launcher import serving
     from slime.rollout.router import Router
-    from slime.utils.device import engine_env
+    from slime.utils.hardware import engine_env
 
     groups = step_groups(work, sft)
     logs = work / "logs"
@@ -221,7 +224,7 @@ def trainer_parts(work: Path, sft: Path, dump: Path, repeats: int) -> dict[str, 
     from slime.backends.megatron.trainer import MegatronTrainer
     from slime.config import parse_args
     from slime.config.settings.trainer import TrainerSettings
-    from slime.utils.device import worker_env
+    from slime.utils.hardware import worker_env
     from slime.utils.http import free_port
 
     torch.set_num_threads(int(worker_env(processes_per_node=1).get("OMP_NUM_THREADS", "0")) or None)
@@ -330,6 +333,12 @@ def main() -> None:
     out = Path(opts.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nstart-up, seconds after launch (first /generate at {stack['first_request_s']:.2f} s):")
+    for what, seconds in stack["startup_s"].items():
+        print(f"  {seconds:6.2f}  {what}")
+    print(f"memory at the peak ({stack['peak_memory_gib']:.2f} GiB), MiB per process kind:")
+    for kind, mib in stack["memory_at_peak_mib"].items():
+        print(f"  {mib:7.1f}  {kind}")
     print(f"\none quickstart step: {stack['step_s']:.3f} s ({stack['samples_per_s']:.0f} samples/s)")
     for name, seconds in stack["split_s"].items():
         print(f"  {name:24s} {seconds * 1e3:8.1f} ms  {seconds / stack['step_s']:6.1%}")

@@ -23,6 +23,7 @@ from slime.ray.errors import RayClusterUnreachable, TrainerFailure
 from slime.rollout.errors import RolloutError
 from slime.rollout.prompt_files import DataError
 from slime.utils.metrics import setup_logging
+from slime.utils.startup import mark
 
 logger = logging.getLogger("slime")
 
@@ -91,8 +92,10 @@ def train_resuming(train: Train, settings: RunSettings) -> None:
 def run_entry_point(train: Train, *checks: Check) -> None:
     """Parses the flags, runs ``checks`` (entry-point specific, raising ``ConfigError``), then ``train``
     with the run's settings."""
+    mark("driver: imports done")
     args = parse_args()
     setup_logging(args.log_level)
+    mark("driver: flags parsed")
     try:
         for check in (*checks, check_implemented):
             check(args)

@@ -19,7 +19,7 @@ def resolve_backend(requested: str | None) -> str:
         return requested
     if not sglang_installed():
         return "torch"
-    from slime.utils.device import has_gpu  # imports torch: only when the choice is left to slime
+    from slime.utils.hardware import has_gpu
 
     return "sglang" if has_gpu() else "torch"
 

@@ -675,7 +675,7 @@ def check_engine_backend(args: argparse.Namespace) -> None:
         return
     if resolve_backend(args.rollout_backend) != "sglang":
         return
-    from slime.utils.device import has_gpu  # imports torch: only for SGLang engines
+    from slime.utils.hardware import has_gpu
 
     for flag, server_flag, module in missing_server_requirements(bool(args.colocate)):
         # torch_memory_saver pauses CUDA allocations: without a GPU no install makes --colocate work.

@@ -21,7 +21,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from slime.config.settings.cluster import ClusterSettings
 from slime.ray.errors import RayClusterUnreachable
-from slime.utils.device import has_gpu
+from slime.utils.hardware import has_gpu
 from slime.utils.http import ENGINE_API_KEY_ENV
 
 
@@ -62,16 +62,33 @@ def start_ray(cluster: ClusterSettings) -> None:
     if loopback and "GLOO_SOCKET_IFNAME" not in os.environ:  # else gloo listens on the hostname's address
         env_vars["GLOO_SOCKET_IFNAME"] = "lo"
     num_gpus = None if has_gpu() else cluster.total_gpus
-    with _on_loopback() if loopback else contextlib.nullcontext():
+    # The cluster's processes inherit this one's environment, so the job needs no runtime_env: with one,
+    # Ray would start every worker through its runtime-env agent instead of taking the idle workers it
+    # starts with (measured 2026-12-04, 2 cores: ray.init 1 s slower, each actor up 0.5-1 s later).
+    with _on_loopback() if loopback else contextlib.nullcontext(), _environment(env_vars):
         ray.init(
             address="local",
             num_gpus=num_gpus,
             include_dashboard=False,
             logging_level="warning",  # type: ignore[arg-type]  # ray also takes a level name
             log_to_driver=True,
-            runtime_env={"env_vars": env_vars} if env_vars else None,
             _node_ip_address="127.0.0.1" if loopback else None,
         )
+
+
+@contextlib.contextmanager
+def _environment(env_vars: dict[str, str]) -> Iterator[None]:
+    """``env_vars`` in this process's environment while Ray starts its processes, then as before."""
+    saved = {name: os.environ.get(name) for name in env_vars}
+    os.environ.update(env_vars)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def is_loopback(addr: str) -> bool:

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from slime.rollout.errors import RolloutError
 from slime.rollout.train_data import RolloutBatch
@@ -42,6 +41,8 @@ class _NotPlain(Exception):
 
 def save_rollout_data(batch: RolloutBatch, path: str) -> None:
     """Writes ``batch`` to ``path`` (its directory is created) as ``load_rollout_data`` reads it back."""
+    import torch  # here, not at the top: the driver imports torch only for these dumps
+
     try:
         plain = _plain({**batch.data, METRICS_KEY: batch.metrics})
     except _NotPlain as e:
@@ -58,6 +59,8 @@ def save_rollout_data(batch: RolloutBatch, path: str) -> None:
 def load_rollout_data(path: str) -> RolloutBatch:
     """The rollout ``save_rollout_data`` wrote to ``path``; a file holding anything else is refused
     in one line (it could only be read by running code it names)."""
+    import torch
+
     try:
         plain = torch.load(path, weights_only=True)
     except FileNotFoundError:
@@ -77,6 +80,8 @@ def load_rollout_data(path: str) -> RolloutBatch:
 
 def _plain(value: Any) -> Any:
     """``value`` with numpy numbers and arrays as Python ones; raises ``_NotPlain`` for anything else."""
+    import torch  # already imported by the caller
+
     if type(value) in _PLAIN or isinstance(value, torch.Tensor):
         return value
     if isinstance(value, np.generic | np.ndarray):

@@ -32,7 +32,9 @@ from slime.engine_client import control, health
 from slime.engine_client.protocol import server_info
 from slime.ray.cluster import BundleLocation, by_node_and_gpu, locate_bundles
 from slime.rollout.errors import EngineFailure
+from slime.utils.hardware import engine_env
 from slime.utils.http import HttpError, ServerStartError, free_port
+from slime.utils.startup import mark
 
 logger = logging.getLogger(__name__)
 
@@ -199,8 +201,13 @@ class EngineActor:
     URL, stops it on ``shutdown``. Two calls at a time, so ``exit_code`` answers while ``start`` waits
     for the server (an engine busy starting is not a dead actor)."""
 
-    def __init__(self, engine: EngineSettings, node: EngineNode, log_dir: str) -> None:
-        self.settings, self.node = engine, node
+    def __init__(
+        self, engine: EngineSettings, node: EngineNode, log_dir: str, env: dict[str, str] | None = None
+    ) -> None:
+        """``env``: the server's environment over this process's (``engine_env``: its CPU threads); an
+        argument rather than the actor's Ray runtime_env, so that Ray can hand it an idle worker."""
+        mark("engine actor: up")
+        self.settings, self.node, self.env = engine, node, dict(env or {})
         self.rank = node.engine_rank
         suffix = f"_node{node.node_rank}" if node.nnodes > 1 else ""
         self.log_path = Path(log_dir) / f"engine_{self.rank}{suffix}.log"
@@ -220,11 +227,12 @@ class EngineActor:
         def command(host: str, port: int) -> list[str]:
             return engine_command(self.settings, host, port, node, dist_init_addr=dist_init_addr)
 
-        env: dict[str, str] = {}
+        env = dict(self.env)
         if node.gpu_ids:  # all the engine's GPUs on this node, not only the actor's own
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, node.gpu_ids))
         name = f"{backend} engine {self.rank}" + (f" node {node.node_rank}" if node.nnodes > 1 else "")
         host = ray.util.get_node_ip_address()
+        mark("engine actor: starting the server")
         try:
             self.server = start_engine_server(
                 name, command, self.log_path, timeout_s=timeout_s, host=host, env=env
@@ -266,8 +274,6 @@ class EnginePool:
                 f"{len(bundle_indices)} rollout bundles do not split into engines of "
                 f"--rollout-num-gpus-per-engine {per_engine}"
             )
-        from slime.utils.device import engine_env
-
         self.settings, self.cluster, self.pg, self.log_dir = engine, cluster, pg, log_dir
         num_engines = len(bundle_indices) // per_engine
         per_node = max(1, min(num_engines, engine.num_gpus_per_node // per_engine))
@@ -292,8 +298,7 @@ class EnginePool:
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 self.pg, placement_group_bundle_index=node.bundle_index
             ),
-            runtime_env={"env_vars": self._env},
-        ).remote(self.settings, node, self.log_dir)
+        ).remote(self.settings, node, self.log_dir, self._env)
 
     def start(self, timeout_s: float = DEFAULT_START_TIMEOUT_S) -> list[str]:
         """Starts every engine; the first failure stops them all and raises ``EngineStartError``.

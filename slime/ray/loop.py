@@ -20,6 +20,7 @@ from slime.ray.debug_data import load_rollout_data, save_rollout_data
 from slime.ray.session import TrainingSession
 from slime.rollout.train_data import RolloutBatch
 from slime.utils.metrics import MetricsLogger
+from slime.utils.startup import mark
 
 logger = logging.getLogger("slime")
 
@@ -92,7 +93,9 @@ class RolloutLoop:
     def start(self) -> None:
         """Engines take the trainer's weights (they differ after ``--load``); evaluation before training."""
         settings, session = self.settings, self.session
+        mark("driver: loop set up")
         session.push_weights(self.version)
+        mark("driver: first weight push done")
         session.check_weight_update()  # --check-weight-update-equal
         session.hand_gpus_to_engines()  # --colocate: the trainer's state leaves the GPUs it shares
         if settings.eval_interval and not settings.skip_eval_before_train:

@@ -50,8 +50,9 @@ from slime.ray.engines import DEFAULT_START_TIMEOUT_S, EnginePool, EngineStartEr
 from slime.rollout.data_source import DataSource, KeptPositions, make_data_source
 from slime.rollout.errors import EngineFailure
 from slime.rollout.evaluation import EvalSet, eval_output_dir, load_eval_datasets, write_eval_samples
+from slime.rollout.generate_utils import cached_tokenizer
 from slime.rollout.plugin_args import bind as plugin_args_bind
-from slime.rollout.plugin_args import with_router
+from slime.rollout.plugin_args import tokenizer_path, with_router
 from slime.rollout.prompt_index import PromptIndex
 from slime.rollout.rewards.failures import RewardFailureStreak
 from slime.rollout.rollout_function import RolloutFunction
@@ -63,6 +64,7 @@ from slime.rollout.train_data import (
     rollout_metrics,
     samples_to_train_data,
 )
+from slime.utils.startup import mark
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +102,7 @@ class RolloutManager:
         anything); read from the settings when not given (``--streaming-data``: always, from the
         driver's ``prompt_index`` of the file when given). ``teacher_bundles``: where the OPD teacher's
         engines go (``--opd-teacher-hf-checkpoint``)."""
+        mark("rollout manager: up")
         self.data, self.rollout, self.eval_settings = data, rollout, eval
         self.fault_tolerance = fault_tolerance
         self.plugin_args = plugin_args
@@ -144,13 +147,20 @@ class RolloutManager:
             return [], None
         logger.info("rollout logs in %s", self.log_dir)
         try:
-            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
                 teachers = pool.submit(self._start_teachers, timeout_s)
+                # The tokenizer loads while the engines start (transformers and torch: about 1.6 s of
+                # the first rollout's start on 2 cores, 2026-12-04).
+                tokenizer = pool.submit(cached_tokenizer, tokenizer_path(self.plugin_args))
                 router_url = self.router.start()
+                mark("rollout manager: router up")
                 urls = self.engines.start(timeout_s)
+                mark("rollout manager: engines serve")
                 for url in urls:
                     self.router.add_worker(url)
+                mark("rollout manager: engines in the router")
                 teachers.result()
+                tokenizer.result()
         except BaseException:
             self.shutdown()
             raise

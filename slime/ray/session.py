@@ -24,6 +24,7 @@ from slime.engine_client.weight_updates import check_weights, weight_update_sess
 from slime.ray.cluster import bundle_order, create_placement_group, release_placement_group, start_ray
 from slime.ray.engines import external_engine_url
 from slime.ray.trainer_group import TrainerGroup
+from slime.utils.startup import mark
 
 logger = logging.getLogger("slime")
 
@@ -91,14 +92,17 @@ class TrainingSession:
             logger.info("--num-epoch %d: %d rollouts", epochs, num_rollout)
             self.settings = settings = settings.with_num_rollout(num_rollout)
         eval_datasets = load_eval_datasets(settings.eval)
+        mark("driver: data read")
         cluster = settings.cluster
         self._owns_ray = not ray.is_initialized() and not cluster.ray_address
         start_ray(cluster)
+        mark("driver: ray up")
         engines = self.uses_engines
         num_trainers, num_critics = cluster.trainer_gpus, cluster.critic_gpus
         pg = self.pg = create_placement_group(cluster.total_gpus)
         # Ranks in node and GPU order, so a tensor-parallel group or an engine never straddles nodes.
         order = bundle_order(pg, pg.bundle_count)
+        mark("driver: placement group ready")
         trainer_bundles = order[:num_trainers]
         rollout_bundles = []
         if engines:
@@ -146,6 +150,7 @@ class TrainingSession:
                 critic=critic,
                 call_timeout_s=timeout_s,
             )
+        mark("driver: actors created")
         engine_urls_ref = self.rollout.start.remote()
         if self.colocate and self.trainer is not None:
             # The engines start on the GPUs first and hand their memory back before the trainer
@@ -158,7 +163,9 @@ class TrainingSession:
             loaded = self.trainer.init()
         else:  # engines load their weights while the trainer builds its model
             loaded = self.trainer.init() if self.trainer is not None else None
+            mark("driver: trainers ready")
             engine_urls, _router_url = ray.get(engine_urls_ref)
+            mark("driver: engines ready")
             self.engine_urls = list(engine_urls)
             self._prepare_weight_check()
         if loaded is not None:
@@ -170,6 +177,7 @@ class TrainingSession:
         if engines and self.trainer is not None:
             urls = self.engine_urls + self.external_urls
             self.trainer.connect_engines(urls)
+            mark("driver: trainers connected to the engines")
 
     def _prepare_weight_check(self) -> None:
         """``--check-weight-update-equal``, before the first push: every engine snapshots the weights it

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -22,8 +23,7 @@ import ray
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from slime.backends.megatron.batching import check_token_budget
-from slime.backends.megatron.policy_inputs import DataParallel, PolicyInputs, step_shard
+from slime.config.errors import ConfigError
 from slime.config.settings.cluster import COLOCATED_GPU_SHARE
 from slime.config.settings.trainer import TrainerSettings
 from slime.config.settings.weight_sync import WeightSyncSettings
@@ -32,14 +32,28 @@ from slime.engine_client.calls import EngineCallError
 from slime.ray.errors import TrainerFailure
 from slime.ray.trainer_faults import TrainerKill
 from slime.rollout.train_data import TrainData
-from slime.utils.device import import_megatron_core, worker_env
+from slime.utils.hardware import worker_env
 from slime.utils.http import free_port
+from slime.utils.startup import mark
 
-if TYPE_CHECKING:  # Megatron is imported inside the actor only
+if TYPE_CHECKING:  # torch and Megatron are imported inside the actor only
+    from slime.backends.megatron.policy_inputs import PolicyInputs
     from slime.backends.megatron.trainer import MegatronTrainer
     from slime.weight_sync.transport import WeightUpdater
 
 logger = logging.getLogger(__name__)
+
+
+def check_token_budget(tokens: Sequence[Sequence[int]], max_tokens_per_gpu: int | None) -> None:
+    """Refuses a rollout whose longest sample alone exceeds ``--max-tokens-per-gpu`` (None: no budget).
+    Checked on the driver when the data arrives: sample lengths are only known then."""
+    longest = max((len(t) for t in tokens), default=0)
+    if max_tokens_per_gpu is not None and longest > max_tokens_per_gpu:
+        raise ConfigError(
+            "--max-tokens-per-gpu",
+            f"{max_tokens_per_gpu} is below the longest sample ({longest} tokens); "
+            f"raise it to at least {longest}",
+        )
 
 
 @ray.remote(num_gpus=1)
@@ -53,10 +67,16 @@ class TrainerActor:
         plugin_args: argparse.Namespace,
         rank: int,
         world_size: int,
+        env: dict[str, str] | None = None,
         kill: TrainerKill | None = None,
     ) -> None:
-        """``plugin_args``: the run's namespace, for the custom loss and advantage plugins only. ``kill``:
-        the trainer-failure tests' fault (``slime.ray.trainer_faults``); None in a real run."""
+        """``plugin_args``: the run's namespace, for the custom loss and advantage plugins only. ``env``:
+        this rank's environment (``worker_env``: its CPU threads), set here rather than as the actor's
+        Ray runtime_env, which would keep Ray from handing it an idle worker process (it starts a new
+        one, through its runtime-env agent: 0.5-1 s more per actor on 2 cores). ``kill``: the
+        trainer-failure tests' fault (``slime.ray.trainer_faults``); None in a real run."""
+        mark("trainer: actor up")
+        os.environ.update(env or {})  # before torch is imported, in init()
         self.settings, self.weight_sync, self.plugin_args = settings, weight_sync, plugin_args
         self.rank, self.world_size = rank, world_size
         self.kill = kill
@@ -82,9 +102,17 @@ class TrainerActor:
 
     def init(self, master_addr: str, master_port: int) -> int | None:
         """Builds the model from ``--hf-checkpoint``, resumes ``--load``; returns the loaded rollout id."""
+        import torch
+
+        from slime.utils.device import import_megatron_core
+
         import_megatron_core()  # first in this process: see there
+        if threads := os.environ.get("OMP_NUM_THREADS"):  # a reused Ray worker may have loaded OpenMP
+            torch.set_num_threads(int(threads))
+        from slime.backends.megatron.policy_inputs import DataParallel, PolicyInputs
         from slime.backends.megatron.trainer import MegatronTrainer
 
+        mark("trainer: imports done")
         with self._memory_region("weights"):
             trainer = self.trainer = MegatronTrainer(
                 self.settings, self.plugin_args, self.rank, self.world_size, master_addr, master_port
@@ -92,6 +120,7 @@ class TrainerActor:
         dp = DataParallel.of_megatron(trainer.device)
         self.policy_inputs = PolicyInputs(self.settings, dp, self.plugin_args)
         load = self.settings.checkpoint.load
+        mark("trainer: ready")
         return trainer.load(load) if load else None
 
     def compute_log_probs(self, data: TrainData) -> tuple[int, list] | None:
@@ -106,6 +135,8 @@ class TrainerActor:
         self, data: TrainData, forward: Callable[[TrainData], list | None]
     ) -> tuple[int, list] | None:
         from megatron.core import parallel_state as mpu
+
+        from slime.backends.megatron.policy_inputs import step_shard
 
         dp = self._policy_inputs.dp
         outputs = forward(step_shard(data, 0, 1, dp.rank, dp.size))
@@ -243,7 +274,7 @@ class TrainerGroup:
         self.nodes: list[str] = []  # each rank's node IP, once it answered
         self.failed = False  # a rank died, raised or went silent: the world cannot close cleanly
         world_size = len(bundle_indices)
-        env = {"runtime_env": {"env_vars": worker_env(processes_per_node=world_size)}}
+        env = worker_env(processes_per_node=world_size)
         kill = TrainerKill.from_env()  # armed by the trainer-failure tests only: the last rank dies
         self.actors = [
             # ray types an @ray.remote class as the class itself, without .options
@@ -251,9 +282,14 @@ class TrainerGroup:
                 num_cpus=0,
                 num_gpus=COLOCATED_GPU_SHARE["trainer"] if settings.colocate else 1,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index),
-                **env,
             ).remote(
-                settings, weight_sync, plugin_args, rank, world_size, kill if rank == world_size - 1 else None
+                settings,
+                weight_sync,
+                plugin_args,
+                rank,
+                world_size,
+                env,
+                kill if rank == world_size - 1 else None,
             )
             for rank, index in enumerate(bundle_indices)
         ]

@@ -72,6 +72,7 @@ from slime.rollout.router import engine_urls
 from slime.rollout.sample import Sample, routes_array
 from slime.rollout.vision import ImageError, check_expanded_length, png_data_url, vision_processor
 from slime.utils.http import HttpError
+from slime.utils.startup import mark
 
 logger = logging.getLogger(__name__)
 
@@ -566,6 +567,7 @@ async def _post_generate(
     """The replies to one ``/generate`` of ``inputs`` (the single form for one), None each when the
     rollout aborted before a retry. With ``routes`` it asks for routed experts, from an engine
     directly (sglang-router 0.3.2 would drop the fields)."""
+    mark("rollout: first /generate sent", once=True)
     batched = len(inputs) > 1
     payload: dict[str, Any] = {
         "input_ids": [list(ids) for ids in inputs] if batched else list(inputs[0]),

@@ -19,7 +19,6 @@ import contextlib
 import functools
 import importlib.util
 import logging
-import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -27,6 +26,8 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
+
+from slime.utils.hardware import has_gpu
 
 logger = logging.getLogger(__name__)
 
@@ -176,11 +177,6 @@ def _quiet_cpu_noise() -> None:
     )
 
 
-def has_gpu() -> bool:
-    """True when CUDA is usable in this process; ``SLIME_FORCE_CPU=1`` forces the CPU path."""
-    return os.environ.get("SLIME_FORCE_CPU", "0") != "1" and torch.cuda.is_available()
-
-
 def import_megatron_core() -> None:
     """Imports megatron-core; on the CPU with its ``jit_fuser`` left as the plain function.
 
@@ -195,6 +191,7 @@ def import_megatron_core() -> None:
     """
     compile_ = torch.compile
     if not has_gpu():  # where megatron-core is imported already, this import changes nothing
+        _quiet_cpu_noise()  # its import warns of every missing GPU extension
         torch.compile = _as_is
     try:
         import megatron.core.jit  # noqa: F401
@@ -287,31 +284,3 @@ def kernel_overrides() -> dict[str, bool]:
         # torch.autograd.backward, under which this module's CUDA->CPU mode is off.)
         "overlap_p2p_comm": False,
     }
-
-
-def worker_env(processes_per_node: int, spare_cores: int = 0) -> dict[str, str]:
-    """Environment for worker processes: on the CPU, split the cores so workers do not oversubscribe.
-
-    ``spare_cores`` of the node are left out of the split for work that runs beside the workers'
-    forwards (at least one thread each). ``SLIME_WORKER_THREADS`` overrides the split (a benchmark
-    gives each worker exactly one core).
-    """
-    if has_gpu():
-        return {}
-    cores = (os.cpu_count() or 1) - spare_cores
-    split = max(1, cores // max(processes_per_node, 1))
-    threads = int(os.environ.get("SLIME_WORKER_THREADS") or split)
-    return {"OMP_NUM_THREADS": str(threads), "SLIME_FORCE_CPU": os.environ.get("SLIME_FORCE_CPU", "0")}
-
-
-ENGINE_SPARE_CORES = 1
-"""A CPU node's cores kept out of its engines' threads: while an engine decodes, its HTTP server
-thread, the router and the rollout manager parse requests, forward replies and score them beside
-it, and a forward whose second thread waits for one of them loses more than that thread gains (the
-quickstart's step on 2 cores: 0.266-0.272 s with one engine thread, 0.285-0.287 s with two; the
-trainer, which runs alone, keeps every core)."""
-
-
-def engine_env(engines_per_node: int) -> dict[str, str]:
-    """``worker_env`` of a node's engine servers: ``ENGINE_SPARE_CORES`` left to the HTTP path."""
-    return worker_env(engines_per_node, spare_cores=ENGINE_SPARE_CORES)

@@ -242,7 +242,7 @@ def test_colocate_with_sglang_says_it_needs_gpus_where_there_are_none(
 ):
     """Without a GPU, installing torch_memory_saver (CUDA only) cannot help: the error says so. The
     torch engine colocates on CPU (the tests above), so only SGLang's case is refused."""
-    monkeypatch.setattr("slime.utils.device.has_gpu", lambda: gpu)
+    monkeypatch.setattr("slime.utils.hardware.has_gpu", lambda: gpu)
     argv = [*model_args(), "--hf-checkpoint", str(tiny_models["qwen2"]), "--prompt-data", str(reverse_task)]
     argv += ["--rollout-batch-size", "4", "--lr", "1e-6", "--num-rollout", "1"]
     with pytest.raises(SystemExit):

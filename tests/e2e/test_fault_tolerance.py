@@ -542,6 +542,7 @@ def test_a_train_step_longer_than_the_routers_failure_window_keeps_every_engine_
     one probe of 1 s, would drop both engines during the checkpoint (≈ 3 s) and the next rollout would
     get 503 ``no_available_workers`` (seen with the health checks on). slime runs the router with its
     health checks off, so every rollout finishes."""
+    from slime.utils.startup import STARTUP_LOG_ENV, read_marks
     from tests.support.train_runs import run_train
 
     router = "--health-check-interval-secs 1 --health-failure-threshold 1 --health-check-timeout-secs 1"
@@ -549,9 +550,22 @@ def test_a_train_step_longer_than_the_routers_failure_window_keeps_every_engine_
         "--save", str(tmp_path / "ckpt"), "--save-interval", "1", "--router-extra-args", router,
         **TWO_ENGINES, num_rollout=3,
     )  # fmt: skip
-    result = run_train(flags)
+    marks_log = tmp_path / "startup.jsonl"
+    result = run_train(flags, env={STARTUP_LOG_ENV: str(marks_log)})
     assert "no_available_workers" not in result.stderr
     assert int((tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text()) == 2
+    # Every process marked its start-up (bench/step_profile.py's split): each engine's server, each
+    # trainer rank, and the first request only once both engines joined the router.
+    marks = read_marks(marks_log)
+    pids: dict[str, set[int]] = {}
+    for m in marks:
+        pids.setdefault(m["what"], set()).add(m["pid"])
+    assert len(pids["engine server: model loaded"]) == 2
+    assert pids["trainer: ready"] == pids["trainer: actor up"] and pids["trainer: ready"]
+    reached = {m["what"]: m["t"] for m in marks}
+    order = ["driver: ray up", "rollout manager: up", "engine actor: up", "engine server: model loaded",
+             "rollout manager: engines in the router", "rollout: first /generate sent"]  # fmt: skip
+    assert [reached[what] for what in order] == sorted(reached[what] for what in order)
 
 
 @pytest.mark.e2e

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from slime.backends.megatron.batching import (
-    check_token_budget,
     consecutive_groups,
     even_groups,
     interleaved_count,
@@ -23,6 +22,7 @@ from slime.backends.megatron.batching import (
     partition_by_token_budget,
 )
 from slime.config import ConfigError
+from slime.ray.trainer_group import check_token_budget
 from tests.support.trainers import make_group, sft_data, trainer_args
 
 # ---- the bin partition ---------------------------------------------------------------------------

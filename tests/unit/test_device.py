@@ -57,7 +57,7 @@ def test_megatron_core_is_imported_without_torch_compile_on_the_cpu():
 def test_cpu_worker_threads_split_the_cores_and_engines_leave_one_to_the_http_path(monkeypatch):
     """Trainers share a node's cores; engines share them less one, which their HTTP path (server
     thread, router, rollout manager) uses beside each forward; never fewer than one thread."""
-    from slime.utils import device
+    from slime.utils import hardware as device
 
     monkeypatch.setattr(device, "has_gpu", lambda: False)
     monkeypatch.delenv("SLIME_WORKER_THREADS", raising=False)

@@ -37,7 +37,6 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from slime.backends.megatron.mrope_positions import MropeConfig, image_spans, mrope_positions
-from slime.config.errors import ConfigError
 from slime.rollout.train_data import TrainData
 
 SAMPLE_KEYS = ("tokens", "response_lengths", "loss_masks")
@@ -128,18 +127,6 @@ def check_train_data(data: TrainData, required: tuple[str, ...] = REQUIRED_KEYS)
         if not 0 < response < len(tokens):
             raise ValueError(f"sample {i}: response of {response} tokens in a sequence of {len(tokens)}")
     return sizes["tokens"]
-
-
-def check_token_budget(tokens: Sequence[Sequence[int]], max_tokens_per_gpu: int | None) -> None:
-    """Refuses a rollout whose longest sample alone exceeds ``--max-tokens-per-gpu`` (None: no budget).
-    Checked on the driver when the data arrives: sample lengths are only known then."""
-    longest = max((len(t) for t in tokens), default=0)
-    if max_tokens_per_gpu is not None and longest > max_tokens_per_gpu:
-        raise ConfigError(
-            "--max-tokens-per-gpu",
-            f"{max_tokens_per_gpu} is below the longest sample ({longest} tokens); "
-            f"raise it to at least {longest}",
-        )
 
 
 def consecutive_groups(num_samples: int, size: int) -> list[list[int]]:

@@ -61,6 +61,7 @@ from slime.config.settings.trainer import TrainerSettings
 from slime.rollout.train_data import TrainData
 from slime.utils.device import distributed_backend, setup_device
 from slime.utils.http import listening_socket_fd
+from slime.utils.startup import mark
 
 logger = logging.getLogger(__name__)
 # megatron-core still calls the old names of these collectives; the warning is not actionable here.
@@ -140,16 +141,19 @@ class MegatronTrainer:
         )
         torch.manual_seed(settings.seed)
         model_parallel_cuda_manual_seed(settings.seed)
+        mark("trainer: process groups")
 
         self.config = transformer_config(settings)
         self.converter = converter_for(settings)
         # A vision-language model: its micro-batches carry 3-D RoPE positions and the images' patches.
         self.mrope = read_mrope_config(settings.checkpoint.hf_checkpoint)
         chunks = build_model_chunks(settings, self.config, self.device)
+        mark("trainer: model built")
         # MoE routing replay (--use-rollout-routing-replay, --use-routing-replay): idle without them.
         self.routing = RoutingReplay(chunks, settings, self.config, self.device)
         gated = settings.model.swiglu
         load_hf_weights(chunks, settings.checkpoint.hf_checkpoint, self.converter, gated=gated)
+        mark("trainer: weights loaded")
         lora = settings.lora
         if lora.enabled:  # before DDP: the frozen base gets no gradient buffer and no optimizer state
             attach_lora(chunks, lora, settings.seed, gated)
@@ -159,7 +163,9 @@ class MegatronTrainer:
         if self.is_critic:
             attach_value_heads(chunks, settings.model.hidden_size)
         self.model = wrap_for_training(settings, self.config, chunks)
+        mark("trainer: DDP wrapped")
         self.optimizer, self.scheduler = build_optimizer(settings, self.model)
+        mark("trainer: optimizer built")
         self.memory = TrainerMemory(self.model, self.optimizer)  # --colocate: offloaded between trainings
         self.loss_fn: LossFn = build_loss_fn(settings, plugin_args)
         self.old_is_current = old_log_probs_are_current(settings)

@@ -13,6 +13,9 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     from slime.backends.torch_engine.server_args import main_error, parse_server_args
+    from slime.utils.startup import mark
+
+    mark("engine server: process up")
 
     args = parse_server_args(argv)
     logging.basicConfig(
@@ -28,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     from slime.backends.torch_engine.engine import TorchEngine
     from slime.backends.torch_engine.server import create_app
 
+    mark("engine server: imports done")
     hf_logging.disable_progress_bar()
     if args.log_level != "debug":
         hf_logging.set_verbosity_error()
@@ -38,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, RuntimeError) as exc:
         main_error(f"cannot start the engine for {args.model_path}: {exc}")
     engine.start()
+    mark("engine server: model loaded")
     logger.info(
         "torch engine serving %s on http://%s:%d (%s, %s, max_running_requests=%d, context_length=%d)",
         engine.model_path,

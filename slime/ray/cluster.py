@@ -38,7 +38,8 @@ def start_ray(cluster: ClusterSettings) -> None:
     the node address Ray reports), the weight-update rendezvous and gloo listen on loopback only.
     Otherwise engines listen on their node's address and the run has an engine key (``run_api_key``)
     that every engine demands and every slime client sends. The key reaches every process of the run
-    as ``ENGINE_API_KEY_ENV``: this process's environment, and the job's Ray runtime_env for actors.
+    as ``ENGINE_API_KEY_ENV``: this process's environment, the job's Ray runtime_env for the actors
+    of a joined cluster, and the inherited environment for those of a cluster of its own.
     """
     if ray.is_initialized():
         return

@@ -34,7 +34,8 @@ LOG_TAIL_LINES = 20
 
 ENGINE_API_KEY_ENV = "SLIME_ENGINE_API_KEY"
 """The environment variable that carries the run's engine key to every process of the run (the driver
-sets it, Ray's job runtime_env hands it to each actor, servers inherit it). An environment variable,
+sets it; actors inherit it, or on a joined cluster get it from Ray's job runtime_env; servers inherit
+it). An environment variable,
 not a field of ``args``: the args namespace is logged (wandb config), the key must never be."""
 
 SECRET_FLAGS = ("--api-key", "--admin-api-key")

@@ -116,17 +116,22 @@ def test_a_joined_cluster_gets_a_new_key_in_the_jobs_runtime_env(monkeypatch):
 
 
 def test_a_cluster_of_its_own_starts_on_loopback_without_a_key(monkeypatch):
+    """Its processes inherit the environment Ray starts with (no runtime_env, which would keep Ray from
+    reusing its idle workers): gloo on loopback then, and this process's environment as before after."""
     inits = []
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(ray, "init", lambda **kwargs: inits.append(kwargs))
+    monkeypatch.setattr(ray, "init", lambda **kwargs: inits.append((kwargs, dict(os.environ))))
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # what start_ray sets for a cluster of its own
     monkeypatch.setenv(ENGINE_API_KEY_ENV, "left by an earlier run")
     cluster.start_ray(cluster_settings())
     assert ENGINE_API_KEY_ENV not in os.environ
-    assert inits[0]["_node_ip_address"] == "127.0.0.1"
-    assert inits[0]["runtime_env"] == {"env_vars": {"GLOO_SOCKET_IFNAME": "lo"}}
+    kwargs, env_at_init = inits[0]
+    assert kwargs["_node_ip_address"] == "127.0.0.1"
+    assert "runtime_env" not in kwargs
+    assert env_at_init["GLOO_SOCKET_IFNAME"] == "lo" and ENGINE_API_KEY_ENV not in env_at_init
+    assert "GLOO_SOCKET_IFNAME" not in os.environ
 
 
 # ---- an engine with a key, and slime's clients ----------------------------------------------------

@@ -27,6 +27,7 @@ logger = logging.getLogger("slime")
 
 
 def train(settings: RunSettings) -> None:
+    settings = settings.overlapped()
     with PeakMemoryMonitor() as memory, TrainingSession(settings) as session, RolloutLoop(session) as loop:
         rollout_ids = loop.rollout_ids()
         with RolloutsAhead(loop.generate, rollout_ids, settings.loop.async_buffer_size) as ahead:

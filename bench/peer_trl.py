@@ -4,8 +4,8 @@ Both contenders start from the same SFT checkpoint and the same data, made exact
 ``examples/quickstart/run.sh`` makes them (phases 0 and 1: tiny model, "sort 4-6 digits" data, 75
 SFT steps through ``train.py``), and train the same GRPO recipe for ``--num-steps`` optimizer steps:
 
-- **ours**: the quickstart's GRPO ``train.py`` command with the same flags, less its evaluation and
-  Megatron checkpoints (``--save-hf`` writes the final HF checkpoint; a run of at most 10 steps also
+- **ours**: the quickstart's GRPO ``train_async.py`` command with the same flags, less its evaluation
+  and Megatron checkpoints (``--save-hf`` writes the final HF checkpoint; a run of at most 10 steps also
   gets ``--lr-decay-iters 11``, as Megatron's scheduler needs more steps than warm-up ones);
 - **TRL**: ``trl.GRPOTrainer`` (``bench/peer_trl_trainer.py``, run by a venv of its own) with the
   equivalent settings: 16 prompts x 8 samples = one generation batch = one optimizer step of
@@ -37,29 +37,31 @@ Writes bench/results/peer_trl.json.
 
 Differences between the two setups that remain
 ----------------------------------------------
-- Architecture. slime runs Ray (GCS, raylet, workers), two Megatron-core trainer actors (gloo), one
+- Architecture. slime runs Ray (GCS, raylet, workers), one Megatron-core trainer actor (gloo), one
   torch engine server (continuous batching over a slot KV cache, up to 256 running requests) behind
   sglang-router, prompts and replies over HTTP (keep-alive connections across rollouts), and pushes
   the weights to the engine after every step. TRL runs one process: HF ``model.generate`` on the
   training model itself (one left-padded batch of all 128 sequences, transformers' own dynamic KV
   cache), no copy of the weights.
-- Cores. On the CPU slime splits the cores between the worker processes of a node
-  (``OMP_NUM_THREADS`` = cores / workers of that kind per node, ``slime.utils.device.worker_env``;
-  an engine leaves one core to its HTTP path, ``engine_env``): here the trainer is 2 data-parallel
-  ranks of one thread each (the quickstart's ``--actor-num-gpus-per-node 2``; each rank runs 2 of
-  the step's 4 micro-batches of 32 and the gradients are averaged, the maths of one rank running all
-  4) and the engine has one thread; the two take turns in the synchronous loop. TRL's one process
-  uses torch's default thread count (all cores, ``torch_threads`` in the result).
+- Loop and cores. slime runs the quickstart's overlapped loop (``train_async.py``): rollout k+1 is
+  generated while the trainer trains on rollout k, so the engine and the trainer each compute on one
+  of the 2 cores at once (``OMP_NUM_THREADS`` 1 each: ``slime.utils.hardware.worker_env`` splits a
+  CPU node between the processes that compute at the same time). Each sample is one update stale
+  when it is trained on; the PPO ratio is taken against the engine's own log-probs
+  (``--use-rollout-logprobs``), so the clip corrects for that. The trainer is one rank running the
+  step's 128 samples as one micro-batch (``--micro-batch-size 128``). TRL's one process alternates
+  generation and training and uses torch's default thread count (all cores, ``torch_threads`` in the
+  result).
 - Models. slime trains Megatron-core's GPT model (the HF weights converted, sequences packed) and
   samples with the transformers model inside its engine; TRL trains and samples with the same
   transformers Qwen2 model (SDPA attention). Both fp32, so only kernel-level numerics differ.
-- Work per step. Neither runs a separate old-log-prob pass: with one optimizer step per rollout and
-  no KL both use the training forward's own log-probs, detached (ratio exactly 1; slime's
-  ``old_log_probs_are_current``, TRL's ``num_iterations=1``). slime's trainer packs the sequences of
-  a micro-batch without padding (``thd``) and, with ``--share-prompts-in-train`` (the quickstart's
-  setting), holds each prompt once for all its samples in that micro-batch (4 prompts per micro-batch
-  of 32 here): its forward and backward run over ~250 tokens per micro-batch where TRL's run over
-  ~700 (prompts left-padded, completions right-padded, each of the 8 copies of a prompt computed).
+- Work per step. Neither runs a separate old-log-prob pass: slime's old log-probs are the engine's
+  (returned with every sample), TRL's the training forward's own, detached (``num_iterations=1``,
+  ratio exactly 1). slime's trainer packs the sequences of a micro-batch without padding (``thd``)
+  and, with ``--share-prompts-in-train`` (the quickstart's setting), holds each prompt once for all
+  its samples in that micro-batch (16 prompts in the step's one micro-batch of 128 here): its
+  forward and backward run over ~1,100 tokens per step where TRL's run over ~2,800 (prompts
+  left-padded, completions right-padded, each of the 8 copies of a prompt computed).
   slime's engine also prefills each prompt once for its 8 samples (requests with the same tokens in
   one prefill share it); transformers' ``generate`` prefills all 128 rows. The maths is the same:
   every token sees the same keys, so log-probs and gradients are those of the unshared layout.
@@ -87,9 +89,10 @@ Differences between the two setups that remain
   Megatron's optimizer wrapper (torch Adam underneath on the CPU), TRL transformers'
   ``adamw_torch_fused``. Global gradient-norm clipping at 1.0 in both.
 - Timing. slime's step time is its loop's wall-clock from one logged rollout to the next
-  (``perf/step_time``); TRL's is the time between two ``on_step_end`` callbacks, which includes the
-  data loader and the optimizer step. Both process walls include start-up (Ray and the engine for
-  slime, imports and model load for TRL) and the final HF export.
+  (``perf/step_time``; with generation overlapped, the trainer's step and weight push set it);
+  TRL's is the time between two ``on_step_end`` callbacks, which includes the data loader and the
+  optimizer step. Both process walls include start-up (Ray and the engine for slime, imports and
+  model load for TRL) and the final HF export.
 - Memory. Summed RSS counts pages shared between processes (libtorch, Ray's object store) once per
   process, which weighs against slime's many processes; PSS splits shared pages between them. Both are
   sampled, so both are lower bounds of the true peaks.
@@ -124,7 +127,9 @@ from slime.utils.startup import STARTUP_LOG_ENV, read_marks  # noqa: E402
 PROMPTS_PER_STEP = 16
 SAMPLES_PER_PROMPT = 8
 SAMPLES_PER_STEP = PROMPTS_PER_STEP * SAMPLES_PER_PROMPT
-TRAINER_RANKS = 2  # run.sh's --actor-num-gpus-per-node: data-parallel trainer ranks, one thread each
+TRAINER_RANKS = 1  # run.sh's --actor-num-gpus-per-node
+ENTRY_POINT = "train_async.py"  # run.sh's GRPO phase: generation overlapped with training
+MICRO_BATCH_SIZE = 128  # run.sh's: the step's samples in one micro-batch
 MAX_RESPONSE_LEN = 8
 LR_WARMUP_STEPS = 10
 EVAL_SAMPLES_PER_PROMPT = 4
@@ -332,7 +337,8 @@ def run_ours(
         "--prompt-data", str(work / "data/train.jsonl"), "--label-key", "label", "--rm-type", "exact",
         "--rollout-num-gpus", "1", "--actor-num-gpus-per-node", str(TRAINER_RANKS),
         "--rollout-batch-size", str(PROMPTS_PER_STEP), "--n-samples-per-prompt", str(SAMPLES_PER_PROMPT),
-        "--num-rollout", str(opts.num_steps), "--micro-batch-size", "32",
+        "--num-rollout", str(opts.num_steps), "--micro-batch-size", str(MICRO_BATCH_SIZE),
+        "--use-rollout-logprobs",
         "--rollout-temperature", "1.0", "--rollout-max-response-len", str(MAX_RESPONSE_LEN),
         "--rollout-skip-special-tokens",
         "--advantage-estimator", "grpo", "--eps-clip", "0.2", "--share-prompts-in-train",
@@ -344,7 +350,7 @@ def run_ours(
         # decay length changes nothing else.
         flags += ["--lr-decay-iters", str(LR_WARMUP_STEPS + 1)]
     log = work / "logs/ours.log"
-    proc = run_logged([python, "train.py", *flags], log, startup_log=work / "logs/ours_startup.jsonl")
+    proc = run_logged([python, ENTRY_POINT, *flags], log, startup_log=work / "logs/ours_startup.jsonl")
     startup = startup_timeline(work / "logs/ours_startup.jsonl")
     found = PEAK_LINE.findall(log.read_text(errors="replace"))
     scalars = read_scalars(tb)
@@ -374,7 +380,7 @@ def run_ours(
         "losses": scalars.get("train/loss") or scalars.get("train/pg_loss"),
         # Logged after the scheduler's step: the lr of the next step (step 0 runs at lr 0).
         "lr_after_step": scalars.get("train/lr"),
-        "command": shlex.join(["train.py", *flags]),
+        "command": shlex.join([ENTRY_POINT, *flags]),
         "log": str(log),
         "final_checkpoint": str(final),
     }
@@ -609,7 +615,8 @@ def main() -> None:
     trl["eval_after"] = evaluate(Path(trl["final_checkpoint"]), rows, opts.seed, reference)
 
     result = {
-        "benchmark": "slime train.py vs trl.GRPOTrainer on the CPU quickstart (same SFT start, data, recipe)",
+        "benchmark": "slime train_async.py vs trl.GRPOTrainer on the CPU quickstart "
+        "(same SFT start, data, recipe)",
         "date": started.isoformat(timespec="seconds"),
         "machine": {
             "platform": platform.platform(),

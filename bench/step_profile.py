@@ -231,9 +231,9 @@ def trainer_parts(work: Path, sft: Path, dump: Path, repeats: int) -> dict[str, 
     flags = [
         *peer_trl.model_args(), *peer_trl.common_args(0), "--hf-checkpoint", str(sft),
         "--prompt-data", str(work / "data/train.jsonl"), "--rollout-num-gpus", "1",
-        "--rollout-batch-size", "16", "--n-samples-per-prompt", "8", "--micro-batch-size", "32",
-        "--num-rollout", "200", "--advantage-estimator", "grpo", "--eps-clip", "0.2", "--lr", "1e-4",
-        "--share-prompts-in-train",
+        "--rollout-batch-size", "16", "--n-samples-per-prompt", "8",
+        "--micro-batch-size", str(peer_trl.MICRO_BATCH_SIZE), "--num-rollout", "200",
+        "--advantage-estimator", "grpo", "--eps-clip", "0.2", "--lr", "1e-4", "--share-prompts-in-train",
     ]  # fmt: skip
     args = parse_args(flags)
     settings = TrainerSettings.from_args(args)

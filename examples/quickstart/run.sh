@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # CPU quickstart: make a tiny model and a "sort the digits" task, warm the model up with SFT, then
 # train it with GRPO through the full stack (Ray, Megatron trainer on gloo, torch engine behind
-# sglang-router, weight sync after every step). On the CPU a "GPU" is a worker process: the GRPO
-# phase trains on 2 data-parallel ranks of one thread each (megatron-core's per-op Python work then
-# runs on both cores; the global batch and the maths are those of one rank).
+# sglang-router, weight sync after every step). On the CPU a "GPU" is a worker process. The GRPO
+# phase runs the overlapped loop (train_async.py): the engine generates rollout k+1 on one core while
+# the trainer trains on rollout k on the other, one micro-batch of the step's 128 samples; the PPO
+# ratio is taken against the engine's log-probs (--use-rollout-logprobs), which corrects for the
+# samples being one update old. On 2 cores this is the fastest layout (docs/performance.md).
 # Writes everything under $OUT (outputs/quickstart).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -37,14 +39,14 @@ $PY train.py "${MODEL_ARGS[@]}" "${COMMON_ARGS[@]}" \
    --save-hf "$OUT/sft" --tb-dir "$OUT/tb/sft"
 
 echo "== 2/3 GRPO ($NUM_RL_ROLLOUTS rollouts of 16 prompts x 8 samples, exact-match reward)"
-$PY train.py "${MODEL_ARGS[@]}" "${COMMON_ARGS[@]}" \
+$PY train_async.py "${MODEL_ARGS[@]}" "${COMMON_ARGS[@]}" \
    --hf-checkpoint "$OUT/sft" \
    --prompt-data "$OUT/data/train.jsonl" --label-key label --rm-type exact \
    --eval-prompt-data sort "$OUT/data/eval.jsonl" --eval-interval 50 --n-samples-per-eval-prompt 1 \
-   --rollout-num-gpus 1 --actor-num-gpus-per-node 2 \
-   --rollout-batch-size 16 --n-samples-per-prompt 8 --num-rollout "$NUM_RL_ROLLOUTS" --micro-batch-size 32 \
+   --rollout-num-gpus 1 --actor-num-gpus-per-node 1 \
+   --rollout-batch-size 16 --n-samples-per-prompt 8 --num-rollout "$NUM_RL_ROLLOUTS" --micro-batch-size 128 \
    --rollout-temperature 1.0 --rollout-max-response-len 8 --rollout-skip-special-tokens \
-   --advantage-estimator grpo --eps-clip 0.2 --share-prompts-in-train \
+   --advantage-estimator grpo --eps-clip 0.2 --share-prompts-in-train --use-rollout-logprobs \
    --lr 1e-4 --lr-warmup-iters 10 \
    --save "$OUT/ckpt" --save-interval "$NUM_RL_ROLLOUTS" --save-hf "$OUT/grpo" --tb-dir "$OUT/tb/grpo"
 

@@ -277,7 +277,7 @@ class EnginePool:
         self.settings, self.cluster, self.pg, self.log_dir = engine, cluster, pg, log_dir
         num_engines = len(bundle_indices) // per_engine
         per_node = max(1, min(num_engines, engine.num_gpus_per_node // per_engine))
-        self._env = engine_env(engines_per_node=per_node)
+        self._env = engine_env(engines_per_node=per_node + cluster.cpu_neighbours["engine"])
         if per_engine == 1:  # one bundle per engine: nothing to group, no need to locate bundles
             self.engines = [[EngineNode(rank, 1, index)] for rank, index in enumerate(bundle_indices)]
         else:

@@ -149,6 +149,7 @@ class TrainingSession:
                 trainer_bundles,
                 critic=critic,
                 call_timeout_s=timeout_s,
+                cpu_neighbours=cluster.cpu_neighbours["trainer"],
             )
         mark("driver: actors created")
         engine_urls_ref = self.rollout.start.remote()

@@ -253,7 +253,9 @@ class TrainerGroup:
 
     ``weight_sync``: how ``update_weights`` reaches the engines, and the bucket size of ``save_hf``;
     ``plugin_args``: the run's namespace, for the custom loss and advantage plugins only;
-    ``call_timeout_s``: ``FaultToleranceSettings.trainer_call_timeout_s`` (0: no limit).
+    ``call_timeout_s``: ``FaultToleranceSettings.trainer_call_timeout_s`` (0: no limit);
+    ``cpu_neighbours``: engines computing beside the ranks on a CPU node (``ClusterSettings.cpu_neighbours``),
+    which take their share of its cores.
     """
 
     def __init__(
@@ -265,6 +267,7 @@ class TrainerGroup:
         bundle_indices: list[int],
         critic: TrainerGroup | None = None,
         call_timeout_s: float = TRAINER_CALL_TIMEOUT_S,
+        cpu_neighbours: int = 0,
     ) -> None:
         self.settings = settings
         self.call_timeout_s = call_timeout_s
@@ -274,7 +277,7 @@ class TrainerGroup:
         self.nodes: list[str] = []  # each rank's node IP, once it answered
         self.failed = False  # a rank died, raised or went silent: the world cannot close cleanly
         world_size = len(bundle_indices)
-        env = worker_env(processes_per_node=world_size)
+        env = worker_env(processes_per_node=world_size + cpu_neighbours)
         kill = TrainerKill.from_env()  # armed by the trainer-failure tests only: the last rank dies
         self.actors = [
             # ray types an @ray.remote class as the class itself, without .options

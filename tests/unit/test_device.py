@@ -1,5 +1,6 @@
 """The CPU seam of ``slime.utils.device``, checked in a process of its own (it changes torch globally)."""
 
+import dataclasses
 import subprocess
 import sys
 
@@ -86,3 +87,21 @@ def test_a_gpu_node_without_te_or_apex_turns_off_only_the_fusions_it_lacks():
     apex_only = {"apex", "fused_weight_gradient_mlp_cuda", "scaled_masked_softmax_cuda"}
     assert missing_fusion_kernels(apex_only.__contains__) == ["apply_rope_fusion", "moe_permute_fusion"]
     assert missing_fusion_kernels(lambda module: True) == []
+
+
+def test_the_overlapped_loop_splits_a_cpu_node_between_trainer_ranks_and_engines():
+    """train_async.py generates while it trains: each side counts the other's processes on the node
+    (2 cores, 1 rank, 1 engine: one thread each); train.py's sides take turns and count none."""
+    from slime.config.settings.cluster import ClusterSettings
+
+    cluster = ClusterSettings(
+        actor_num_nodes=1, actor_num_gpus_per_node=2, rollout_num_gpus=4, rollout_num_gpus_per_engine=2,
+        num_gpus_per_node=8, colocate=False, critic_num_nodes=1, critic_num_gpus_per_node=0,
+        has_critic=False, debug_rollout_only=False, debug_train_only=False, uses_engines=True,
+        ray_address=None, external_engine_addrs=(), engine_api_key=None,
+    )  # fmt: skip
+    assert cluster.cpu_neighbours == {"trainer": 0, "engine": 0}
+    overlapped = dataclasses.replace(cluster, overlapped=True)
+    assert overlapped.cpu_neighbours == {"trainer": 2, "engine": 2}
+    no_engines = dataclasses.replace(overlapped, uses_engines=False)
+    assert no_engines.cpu_neighbours == {"trainer": 0, "engine": 0}

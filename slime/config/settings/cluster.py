@@ -38,6 +38,21 @@ class ClusterSettings:
     """``--sglang-api-key``: the key external engines expect (else slime makes one when needed)."""
     teacher_gpus: int = 0
     """GPUs of the on-policy distillation teacher's engines (``--opd-teacher-hf-checkpoint``): their own."""
+    overlapped: bool = False
+    """``train_async.py``: engines generate while the trainer trains, so on a CPU node the two split its
+    cores (``cpu_neighbours``) instead of each taking them all in turn."""
+
+    @property
+    def cpu_neighbours(self) -> dict[str, int]:
+        """Per role, the processes of the other role that compute beside it on a CPU node at the same
+        time: the engines beside the trainer ranks and the ranks beside the engines when overlapped (one
+        node: the CPU case), none when the two take turns."""
+        if not self.overlapped or not self.uses_engines:
+            return {"trainer": 0, "engine": 0}
+        return {
+            "trainer": self.engine_gpus // self.rollout_num_gpus_per_engine,
+            "engine": self.trainer_gpus,
+        }
 
     @property
     def trainer_gpus(self) -> int:

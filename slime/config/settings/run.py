@@ -61,6 +61,11 @@ class RunSettings:
             loop=dataclasses.replace(self.loop, num_rollout=num_rollout),
         )
 
+    def overlapped(self) -> RunSettings:
+        """The run as ``train_async.py`` runs it: generation beside training
+        (``ClusterSettings.overlapped``)."""
+        return dataclasses.replace(self, cluster=dataclasses.replace(self.cluster, overlapped=True))
+
     def resuming_from_save(self) -> RunSettings:
         """The same run pointed at its own latest checkpoint (``--auto-resume``): ``--load`` is ``--save``,
         with the optimizer state whatever ``--ckpt-step`` or ``--no-load-optim`` chose for the first start,

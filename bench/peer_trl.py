@@ -324,26 +324,35 @@ def mean_or_none(values: list[float]) -> float | None:
 
 
 def run_ours(
-    work: Path, sft: Path, opts: argparse.Namespace, python: str, extra: tuple[str, ...] = ()
+    work: Path,
+    sft: Path,
+    opts: argparse.Namespace,
+    python: str,
+    extra: tuple[str, ...] = (),
+    model_flags: list[str] | None = None,
+    max_response_len: int = MAX_RESPONSE_LEN,
+    save_hf: bool = True,
 ) -> dict[str, Any]:
-    """run.sh's GRPO phase, same flags (and ``extra``), without evaluation and Megatron checkpoints."""
+    """run.sh's GRPO phase, same flags (and ``extra``), without evaluation and Megatron checkpoints.
+    ``model_flags`` replaces the tiny model's MODEL_ARGS (for another ``sft`` checkpoint),
+    ``max_response_len`` the 8-token limit; ``save_hf=False`` skips the final HF export."""
     tb, final = work / "tb/grpo", work / "ours_final"
     shutil.rmtree(tb, ignore_errors=True)
     shutil.rmtree(final, ignore_errors=True)
     seed = opts.seed
     flags = [
-        *model_args(), *common_args(seed),
+        *(model_args() if model_flags is None else model_flags), *common_args(seed),
         "--hf-checkpoint", str(sft),
         "--prompt-data", str(work / "data/train.jsonl"), "--label-key", "label", "--rm-type", "exact",
         "--rollout-num-gpus", "1", "--actor-num-gpus-per-node", str(TRAINER_RANKS),
         "--rollout-batch-size", str(PROMPTS_PER_STEP), "--n-samples-per-prompt", str(SAMPLES_PER_PROMPT),
         "--num-rollout", str(opts.num_steps), "--micro-batch-size", str(MICRO_BATCH_SIZE),
         "--use-rollout-logprobs",
-        "--rollout-temperature", "1.0", "--rollout-max-response-len", str(MAX_RESPONSE_LEN),
+        "--rollout-temperature", "1.0", "--rollout-max-response-len", str(max_response_len),
         "--rollout-skip-special-tokens",
         "--advantage-estimator", "grpo", "--eps-clip", "0.2", "--share-prompts-in-train",
         "--lr", "1e-4", "--lr-warmup-iters", str(LR_WARMUP_STEPS),
-        "--save-hf", str(final), "--tb-dir", str(tb), *extra,
+        *(["--save-hf", str(final)] if save_hf else []), "--tb-dir", str(tb), *extra,
     ]  # fmt: skip
     if opts.num_steps <= LR_WARMUP_STEPS:
         # Megatron's scheduler asserts warm-up < decay steps (default: all steps); with a constant lr the
@@ -356,7 +365,7 @@ def run_ours(
     scalars = read_scalars(tb)
     steps = scalars["perf/step_time"]
     rewards = scalars["rollout/raw_reward"]
-    if len(steps) != opts.num_steps or not (final / "config.json").is_file():
+    if len(steps) != opts.num_steps or (save_hf and not (final / "config.json").is_file()):
         raise RuntimeError(f"ours logged {len(steps)} of {opts.num_steps} steps or wrote no {final}")
     return {
         **proc,
@@ -382,7 +391,7 @@ def run_ours(
         "lr_after_step": scalars.get("train/lr"),
         "command": shlex.join([ENTRY_POINT, *flags]),
         "log": str(log),
-        "final_checkpoint": str(final),
+        "final_checkpoint": str(final) if save_hf else None,
     }
 
 
@@ -404,7 +413,16 @@ def ensure_trl_venv(venv: Path) -> Path:
     return python
 
 
-def run_trl(work: Path, sft: Path, opts: argparse.Namespace, trl_python: Path) -> dict[str, Any]:
+def run_trl(
+    work: Path,
+    sft: Path,
+    opts: argparse.Namespace,
+    trl_python: Path,
+    max_completion_length: int = MAX_RESPONSE_LEN,
+    save_final: bool = True,
+) -> dict[str, Any]:
+    """``bench/peer_trl_trainer.py`` from ``sft``; ``max_completion_length`` replaces the 8-token limit,
+    ``save_final=False`` skips the final checkpoint."""
     out_dir, result_file = work / "trl", work / "trl/result.json"
     shutil.rmtree(out_dir, ignore_errors=True)
     command = [
@@ -413,6 +431,10 @@ def run_trl(work: Path, sft: Path, opts: argparse.Namespace, trl_python: Path) -
         "--output-dir", str(out_dir), "--num-steps", str(opts.num_steps), "--seed", str(opts.seed),
         "--result", str(result_file),
     ]  # fmt: skip
+    if max_completion_length != MAX_RESPONSE_LEN:
+        command += ["--max-completion-length", str(max_completion_length)]
+    if not save_final:
+        command.append("--no-save")
     # The checkpoint is local: nothing may reach for the hub.
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = run_logged(command, work / "logs/trl.log", env)

@@ -46,7 +46,9 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def grpo_config_kwargs(output_dir: Path, num_steps: int, seed: int) -> dict[str, Any]:
+def grpo_config_kwargs(
+    output_dir: Path, num_steps: int, seed: int, max_completion_length: int = 8
+) -> dict[str, Any]:
     """The GRPOConfig matching the quickstart's GRPO phase (see peer_trl.py's docstring)."""
     samples = PROMPTS_PER_STEP * SAMPLES_PER_PROMPT
     return {
@@ -58,8 +60,8 @@ def grpo_config_kwargs(output_dir: Path, num_steps: int, seed: int) -> dict[str,
         "num_iterations": 1,
         "max_steps": num_steps,
         "shuffle_dataset": True,
-        # Sampling: plain temperature-1 sampling of at most 8 tokens.
-        "max_completion_length": 8,
+        # Sampling: plain temperature-1 sampling of at most 8 tokens (the quickstart's limit).
+        "max_completion_length": max_completion_length,
         "temperature": 1.0,
         "top_k": 0,
         "top_p": 1.0,
@@ -111,6 +113,8 @@ def main() -> None:
     parser.add_argument("--num-steps", type=int, required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--result", type=Path, required=True)
+    parser.add_argument("--max-completion-length", type=int, default=8, help="new tokens per completion")
+    parser.add_argument("--no-save", action="store_true", help="skip saving the final checkpoint")
     opts = parser.parse_args()
     process_start = time.perf_counter()
 
@@ -160,7 +164,9 @@ def main() -> None:
 
     rows = read_jsonl(opts.train_data)
     dataset = Dataset.from_list([{"prompt": row["prompt"], "label": row["label"]} for row in rows])
-    config_kwargs = grpo_config_kwargs(opts.output_dir / "run", opts.num_steps, opts.seed)
+    config_kwargs = grpo_config_kwargs(
+        opts.output_dir / "run", opts.num_steps, opts.seed, opts.max_completion_length
+    )
     clock = StepClock()
     trainer = TimedGRPOTrainer(
         model=str(opts.model),
@@ -181,9 +187,10 @@ def main() -> None:
     train_start = time.perf_counter()
     trainer.train()
     train_s = time.perf_counter() - train_start
-    final = opts.output_dir / "final"
-    trainer.save_model(str(final))
-    tokenizer.save_pretrained(str(final))
+    final = None if opts.no_save else opts.output_dir / "final"
+    if final is not None:
+        trainer.save_model(str(final))
+        tokenizer.save_pretrained(str(final))
 
     step_logs = [log for log in clock.logs if "reward" in log]
     result = {
@@ -210,7 +217,7 @@ def main() -> None:
         "mean_completion_lengths": [log.get("completions/mean_length") for log in step_logs],
         "clipped_ratios": [log.get("completions/clipped_ratio") for log in step_logs],
         "logs": clock.logs,
-        "final_checkpoint": str(final),
+        "final_checkpoint": None if final is None else str(final),
     }
     opts.result.parent.mkdir(parents=True, exist_ok=True)
     opts.result.write_text(json.dumps(result, indent=2) + "\n")

@@ -1,15 +1,19 @@
 """Where one quickstart GRPO step spends its time, on the CPU, split so that later changes can be compared.
 
-Two views of the same step (16 prompts x 8 samples, 8 new tokens, one optimizer step of 4 x 32):
+Two views of the same step (16 prompts x 8 samples, 8 new tokens, one optimizer step over one
+micro-batch of 128):
 
-1. **The whole stack** (``stack``): the quickstart's GRPO ``train.py`` command for ``--num-rollout``
-   rollouts (``bench/peer_trl.py``'s flags and set-up: tiny model, data, SFT warm start), its
-   ``perf/*`` metrics read back from TensorBoard, medians over rollouts 2..:
+1. **The whole stack** (``stack``): the quickstart's GRPO ``train_async.py`` command for
+   ``--num-rollout`` rollouts (``bench/peer_trl.py``'s flags and set-up: tiny model, data, SFT warm
+   start), its ``perf/*`` metrics read back from TensorBoard, medians over rollouts 2..:
 
    - ``generation``: the rollout function (prompts over HTTP through sglang-router to the engine, the
-     engine's continuous batching, the replies, the reward);
+     engine's continuous batching, the replies, the reward), beside the previous step's training;
    - ``rollout_transfer``: the rest of the driver's ``rollout.generate`` call: the samples turned into
-     train data and that object sent from the rollout manager to the driver through Ray;
+     train data and that object sent from the rollout manager to the driver through Ray (beside
+     training too);
+   - ``rollout_wait``: how long the step waited for its rollout (``perf/rollout_wait_time``): 0 when
+     generation finished during the previous step's training;
    - ``train_log_probs``: the old (and reference) log-prob pass and the advantages;
    - ``train_forward_backward``: Megatron's schedule (forward, loss, backward);
    - ``train_optimizer``: the optimizer step (and the gradient norm);
@@ -17,6 +21,10 @@ Two views of the same step (16 prompts x 8 samples, 8 new tokens, one optimizer 
      object store, the metrics reduced and sent back;
    - ``weight_push``: the weights to the engine (``perf/update_weights_time``);
    - ``loop_other``: the rest of the step (the loop's bookkeeping, logging).
+
+   The same run's **start-up** (``startup_s``): seconds from launch to each milestone its processes
+   mark (``slime.utils.startup``), with ``first_request_s`` the first ``/generate``; and its
+   **memory** at the peak, per kind of process (``memory_at_peak_mib``).
 
 2. **Each part alone** (``parts``), with the real parts started here, median of ``--repeats``:
 
@@ -30,7 +38,7 @@ Two views of the same step (16 prompts x 8 samples, 8 new tokens, one optimizer 
      dumped by a second, 2-rollout run; the pass is skipped where it cannot differ, see
      ``old_log_probs_are_current``);
    - ``forward_backward`` / ``optimizer``: one train step of the Megatron trainer in this process
-     (one rank running all 4 micro-batches; the stack's 2 data-parallel ranks run 2 each);
+     (one rank, one micro-batch of 128, as in the stack);
    - ``packed_attention`` / ``packed_attention_per_sequence``: the core attention of one packed
      micro-batch (forward and backward), as run now (one right-padded batch through torch's fused
      attention) and as one local-attention call per sequence (how it ran first); their ratio is
@@ -98,10 +106,15 @@ def stack_split(work: Path, sft: Path, num_rollout: int, python: str) -> dict[st
     split["rollout_transfer"] = rollout - split["generation"]
     trainer_parts = ("train_log_probs", "train_forward_backward", "train_optimizer")
     split["train_transfer"] = train - sum(split[p] for p in trainer_parts)
-    split["loop_other"] = step - rollout - train - split["weight_push"]
+    # The overlapped loop generates beside training: the step waits only for what is not done yet.
+    waited = median_after_warmup(scalars["perf/rollout_wait_time"])
+    split["rollout_wait"] = waited
+    split["loop_other"] = step - waited - train - split["weight_push"]
+    beside = ("generation", "rollout_transfer")
     summary = {
         "step_s": step,
         "split_s": split,
+        "beside_training": list(beside),
         "samples_per_s": peer_trl.SAMPLES_PER_STEP / step,
         "wall_s": result["wall_s"],
         "peak_memory_gib": result["peak_memory_gib"],
@@ -341,7 +354,8 @@ def main() -> None:
         print(f"  {mib:7.1f}  {kind}")
     print(f"\none quickstart step: {stack['step_s']:.3f} s ({stack['samples_per_s']:.0f} samples/s)")
     for name, seconds in stack["split_s"].items():
-        print(f"  {name:24s} {seconds * 1e3:8.1f} ms  {seconds / stack['step_s']:6.1%}")
+        beside = " (beside training)" if name in stack["beside_training"] else ""
+        print(f"  {name:24s} {seconds * 1e3:8.1f} ms  {seconds / stack['step_s']:6.1%}{beside}")
     print("each part alone:")
     for name, value in parts.items():
         print(

@@ -76,6 +76,15 @@ def run_log_dir() -> str:
     return tempfile.mkdtemp(prefix=time.strftime("%Y%m%d-%H%M%S-"), dir=root)
 
 
+def _load_tokenizer_early(path: str) -> None:
+    """The rollout's tokenizer, loaded ahead of its first use; a checkpoint whose tokenizer does not
+    load fails where the rollout first needs it, as without this (a custom rollout may need none)."""
+    try:
+        cached_tokenizer(path)
+    except Exception as exc:
+        logger.debug("tokenizer of %s not loaded ahead: %s", path, exc)
+
+
 @ray.remote(num_cpus=0, max_concurrency=4)  # type: ignore[call-overload]  # ray's stub lacks max_concurrency
 class RolloutManager:
     """Owns the engines, the router, the data source and the rollout function of a run."""
@@ -151,7 +160,7 @@ class RolloutManager:
                 teachers = pool.submit(self._start_teachers, timeout_s)
                 # The tokenizer loads while the engines start (transformers and torch: about 1.6 s of
                 # the first rollout's start on 2 cores, 2026-12-04).
-                tokenizer = pool.submit(cached_tokenizer, tokenizer_path(self.plugin_args))
+                tokenizer = pool.submit(_load_tokenizer_early, tokenizer_path(self.plugin_args))
                 router_url = self.router.start()
                 mark("rollout manager: router up")
                 urls = self.engines.start(timeout_s)

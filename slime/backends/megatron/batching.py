@@ -96,8 +96,13 @@ class MicroBatch:
     def per_sample(
         self, key: str, device: torch.device, dtype: torch.dtype = torch.float32
     ) -> list[torch.Tensor]:
-        """One tensor per sample for a per-sample key (e.g. ``loss_masks``, ``advantages``)."""
-        return [torch.as_tensor(v, dtype=dtype, device=device) for v in self.samples[key]]
+        """One tensor per sample for a per-sample key (e.g. ``loss_masks``, ``advantages``): lists are
+        made one tensor and split (one op instead of one per sample), anything else one by one."""
+        values = self.samples[key]
+        if all(type(v) is list for v in values):
+            flat = torch.tensor([x for v in values for x in v], dtype=dtype, device=device)
+            return list(flat.split([len(v) for v in values]))
+        return [torch.as_tensor(v, dtype=dtype, device=device) for v in values]
 
     def at_predictors(self, per_position: torch.Tensor) -> torch.Tensor:
         """``[b, s, ...]`` -> ``[N, ...]``: the entries at the positions that predict the N response
@@ -385,40 +390,53 @@ def _packed(
 ) -> MicroBatch:
     samples = _select(data, group)
     tokens, responses = samples["tokens"], list(samples["response_lengths"])
-    layouts = _layouts(samples, mrope)
+    # A text row's positions are plain ranges, built as Python ints and made a tensor once (a quickstart
+    # step's 128 samples cost ~5 ms of small tensor ops otherwise); a VLM's come from its layouts.
+    layouts = _layouts(samples, mrope) if mrope is not None else None
     prompts = [len(seq) - n for seq, n in zip(tokens, responses, strict=True)]
-    with_images = share and mrope is not None
+    with_images = share and layouts is not None
     keys = [x.image_key(0, p) for x, p in zip(layouts, prompts, strict=True)] if with_images else None
     flat: list[int] = []
-    positions: list[torch.Tensor] = []  # [1 or 3, n] pieces: each sequence's own positions
-    pieces: list[tuple[_Layout, int, int]] = []  # what of which sample the row holds, in order
+    text_positions: list[int] = []  # the text row's positions (each sequence counts from 0)
+    positions: list[torch.Tensor] = []  # a VLM row's [3, n] pieces: each sequence's own positions
+    pieces: list[tuple[_Layout, int, int]] = []  # what of which sample a VLM row holds, in order
+
+    def place(k: int, begin: int, end: int) -> None:
+        """Sample ``k``'s tokens ``[begin, end)`` go next in the row: their positions (and images)."""
+        if layouts is None:
+            text_positions.extend(range(begin, end))
+        else:
+            positions.append(layouts[k].positions[:, begin:end])
+            pieces.append((layouts[k], begin, end))
+
     blocks: list[int] = []
     segments: list[int] = []
     predictors: list[list[int]] = [[] for _ in tokens]
-    columns_of: list[list[torch.Tensor]] = [[] for _ in tokens]  # where each sample's tokens lie in the row
+    columns_of: list[list[int]] = [[] for _ in tokens]  # where each sample's tokens lie in the row
     for members in prompt_segments(samples, share, keys):
         start = len(flat)
         prompt = prompts[members[0]]
         flat += tokens[members[0]][:prompt]
-        positions.append(layouts[members[0]].positions[:, :prompt])
-        pieces.append((layouts[members[0]], 0, prompt))
+        place(members[0], 0, prompt)
         blocks += [0] * prompt
         for block, k in enumerate(members, 1):
             at = len(flat)
             flat += tokens[k][prompt:]
-            positions.append(layouts[k].positions[:, prompt:])
-            pieces.append((layouts[k], prompt, len(tokens[k])))
+            place(k, prompt, len(tokens[k]))
             blocks += [block] * responses[k]
             predictors[k] = [start + prompt - 1, *range(at, at + responses[k] - 1)]
-            columns_of[k] = [torch.arange(start, start + prompt), torch.arange(at, at + responses[k])]
+            columns_of[k] = [*range(start, start + prompt), *range(at, at + responses[k])]
         segments.append(len(flat) - start)
     pad = -len(flat) % multiple
     if pad:
         segments.append(pad)
         flat += [pad_id] * pad
-        positions.append(torch.arange(pad).expand(len(positions[0]), pad))
+        if layouts is None:
+            text_positions.extend(range(pad))
+        else:
+            positions.append(torch.arange(pad).expand(len(positions[0]), pad))
         blocks += [0] * pad
-    row = torch.cat(positions, 1)
+    row = torch.cat(positions, 1) if layouts is not None else torch.tensor([text_positions])
     pixel_values, image_grid_thw = _images(pieces, device)
     image_mask = None
     if pixel_values is not None:
@@ -426,7 +444,7 @@ def _packed(
     bounds = torch.tensor([0, *segments], dtype=torch.int32).cumsum(0, dtype=torch.int32)
     shared = len(segments) - bool(pad) < len(tokens)
     columns = [c for per_sample in predictors for c in per_sample]
-    columns_in_row = torch.cat([c for per_sample in columns_of for c in per_sample])
+    columns_in_row = torch.tensor([c for per_sample in columns_of for c in per_sample], dtype=torch.long)
     return MicroBatch(
         tokens=torch.tensor([flat], dtype=torch.long).to(device),
         position_ids=(row[:, None] if mrope is not None else row).to(device),  # [3, 1, T] or [1, T]

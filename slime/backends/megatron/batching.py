@@ -394,8 +394,9 @@ def _packed(
     # step's 128 samples cost ~5 ms of small tensor ops otherwise); a VLM's come from its layouts.
     layouts = _layouts(samples, mrope) if mrope is not None else None
     prompts = [len(seq) - n for seq, n in zip(tokens, responses, strict=True)]
-    with_images = share and layouts is not None
-    keys = [x.image_key(0, p) for x, p in zip(layouts, prompts, strict=True)] if with_images else None
+    keys = None
+    if share and layouts is not None:
+        keys = [x.image_key(0, p) for x, p in zip(layouts, prompts, strict=True)]
     flat: list[int] = []
     text_positions: list[int] = []  # the text row's positions (each sequence counts from 0)
     positions: list[torch.Tensor] = []  # a VLM row's [3, n] pieces: each sequence's own positions

@@ -120,8 +120,9 @@ class TrainerActor:
         dp = DataParallel.of_megatron(trainer.device)
         self.policy_inputs = PolicyInputs(self.settings, dp, self.plugin_args)
         load = self.settings.checkpoint.load
-        mark("trainer: ready")
-        return trainer.load(load) if load else None
+        loaded = trainer.load(load) if load else None
+        mark("trainer: ready")  # with --load, once the checkpoint is in
+        return loaded
 
     def compute_log_probs(self, data: TrainData) -> tuple[int, list] | None:
         """``(data-parallel rank, log-probs of its shard)`` from one reporting rank per shard, else None."""

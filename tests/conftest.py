@@ -87,10 +87,13 @@ def ray_cluster():
     """One local Ray cluster with 8 logical GPUs, shared by every test that places actors."""
     import ray
 
+    from slime.ray.cluster import lean_head
+
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(
-        address="local", num_gpus=8, include_dashboard=False, logging_level="warning", log_to_driver=False
-    )
+    with lean_head():
+        ray.init(
+            address="local", num_gpus=8, include_dashboard=False, logging_level="warning", log_to_driver=False
+        )
     yield
     ray.shutdown()
 

@@ -2,14 +2,56 @@
 
 from __future__ import annotations
 
+import psutil
 import pytest
 import ray
+from ray._private import services
+from ray._private.node import Node
 
 from slime.config import parse_args
 from slime.config.settings.cluster import ClusterSettings
 from slime.config.settings.rollout import EngineSettings
-from slime.ray.cluster import bundle_order, create_placement_group, locate_bundles, release_placement_group
+from slime.ray.cluster import (
+    LEAN_HEAD_SKIPS,
+    bundle_order,
+    create_placement_group,
+    lean_head,
+    locate_bundles,
+    release_placement_group,
+)
 from slime.ray.engines import EnginePool, EngineStartError
+
+
+def _ray_scripts() -> set[str]:
+    """The Python scripts of this process's Ray processes (``monitor.py``, ``log_monitor.py``, ...)."""
+    names = set()
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            names.update(arg.rsplit("/", 1)[-1] for arg in proc.cmdline() if arg.endswith(".py"))
+        except psutil.Error:
+            continue
+    return names
+
+
+@pytest.mark.e2e
+def test_a_cluster_of_its_own_starts_without_monitor_and_api_server(ray_cluster) -> None:
+    """The session's cluster started under ``lean_head`` (as ``start_ray`` starts a run's own): Ray's
+    autoscaler monitor and API server never started, its log monitor (actor output to the driver)
+    did, actors run, and ``Node`` has its own methods back."""
+    scripts = _ray_scripts()
+    assert "log_monitor.py" in scripts
+    assert not {"monitor.py", "dashboard.py"} & scripts
+
+    @ray.remote(num_cpus=0)
+    def square(x: int) -> int:
+        return x * x
+
+    assert ray.get(square.remote(7)) == 49
+    with lean_head():
+        assert all(getattr(Node, name).__name__ == "_skip_service" for name in LEAN_HEAD_SKIPS)
+        assert services.get_node.__name__ == "wait_then_get"
+    assert [getattr(Node, name).__name__ for name in LEAN_HEAD_SKIPS] == list(LEAN_HEAD_SKIPS)
+    assert services.get_node.__name__ == "get_node"
 
 
 @pytest.mark.e2e

@@ -13,6 +13,17 @@ import pytest
 from tests.support.models import model_args
 
 
+@pytest.fixture(scope="session", autouse=True)
+def tokenizer_cache(tmp_path_factory) -> Path:
+    """The session's own tokenizer cache (``slime.rollout.tokenizer_cache``), for this process and every
+    run it starts: nothing is read from or left in the user's."""
+    from slime.rollout.tokenizer_cache import CACHE_ENV
+
+    path = tmp_path_factory.mktemp("tokenizer_cache")
+    os.environ[CACHE_ENV] = str(path)
+    return path
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, Path]:
     """Tiny HF checkpoints: the default qwen2 (as in scripts/models/tiny-qwen2.sh), qwen3, untied llama."""

@@ -27,8 +27,9 @@ from pathlib import Path
 
 from slime.config.eval_config import EvalSetSettings
 from slime.config.settings.eval import EvalSettings
-from slime.rollout.prompt_files import PromptFormat, load_prompts, load_tokenizer
+from slime.rollout.prompt_files import PromptFormat, load_prompts
 from slime.rollout.sample import Sample
+from slime.rollout.tokenizer_cache import load_tokenizer
 from slime.utils.stats import mean_interval, pass_at_k, pass_at_k_ks
 
 

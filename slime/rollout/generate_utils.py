@@ -67,9 +67,10 @@ from slime.rollout.plugin_args import (
     served_adapter,
     tokenizer_path,
 )
-from slime.rollout.prompt_files import load_tokenizer, render_chat
+from slime.rollout.prompt_files import render_chat
 from slime.rollout.router import engine_urls
 from slime.rollout.sample import Sample, routes_array
+from slime.rollout.tokenizer_cache import load_tokenizer
 from slime.rollout.vision import ImageError, check_expanded_length, png_data_url, vision_processor
 from slime.utils.http import HttpError
 from slime.utils.startup import mark

@@ -30,6 +30,7 @@ from typing import Any
 from slime.config import split_data_path
 from slime.config.settings.data import DataSettings
 from slime.rollout.sample import Sample
+from slime.rollout.tokenizer_cache import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -189,13 +190,6 @@ def render_chat(
         _as_messages(prompt), tools=tools, tokenize=False, add_generation_prompt=True
     )
     return text
-
-
-def load_tokenizer(hf_checkpoint: str) -> Any:
-    """The HF tokenizer of a local checkpoint directory (imported lazily: transformers is slow to load)."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(hf_checkpoint)
 
 
 @dataclass(frozen=True, kw_only=True)

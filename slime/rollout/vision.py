@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slime.rollout.errors import RolloutError
-from slime.rollout.prompt_files import IMAGE_PLACEHOLDER, load_tokenizer
+from slime.rollout.prompt_files import IMAGE_PLACEHOLDER
+from slime.rollout.tokenizer_cache import load_tokenizer
 
 if TYPE_CHECKING:
     import torch

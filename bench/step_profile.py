@@ -24,7 +24,8 @@ micro-batch of 128):
 
    The same run's **start-up** (``startup_s``): seconds from launch to each milestone its processes
    mark (``slime.utils.startup``), with ``first_request_s`` the first ``/generate``; and its
-   **memory** at the peak, per kind of process (``memory_at_peak_mib``).
+   **memory** at the peaks of summed RSS and PSS, per kind of process (``memory_at_peak_mib``,
+   ``memory_at_peak_pss_mib``).
 
 2. **Each part alone** (``parts``), with the real parts started here, median of ``--repeats``:
 
@@ -119,6 +120,8 @@ def stack_split(work: Path, sft: Path, num_rollout: int, python: str) -> dict[st
         "wall_s": result["wall_s"],
         "peak_memory_gib": result["peak_memory_gib"],
         "memory_at_peak_mib": result["memory_at_peak_mib"],
+        "peak_memory_pss_gib": result["peak_memory_pss_gib"],
+        "memory_at_peak_pss_mib": result["memory_at_peak_pss_mib"],
         "first_request_s": result["first_request_s"],
         "startup_s": result["startup_s"],
         "reward_first5": result["reward_first5"],
@@ -349,9 +352,12 @@ def main() -> None:
     print(f"\nstart-up, seconds after launch (first /generate at {stack['first_request_s']:.2f} s):")
     for what, seconds in stack["startup_s"].items():
         print(f"  {seconds:6.2f}  {what}")
-    print(f"memory at the peak ({stack['peak_memory_gib']:.2f} GiB), MiB per process kind:")
+    print(
+        f"memory at the peaks ({stack['peak_memory_gib']:.2f} GiB RSS, "
+        f"{stack['peak_memory_pss_gib']:.2f} GiB PSS), MiB per process kind:"
+    )
     for kind, mib in stack["memory_at_peak_mib"].items():
-        print(f"  {mib:7.1f}  {kind}")
+        print(f"  {mib:7.1f}  {stack['memory_at_peak_pss_mib'].get(kind, 0.0):7.1f}  {kind}")
     print(f"\none quickstart step: {stack['step_s']:.3f} s ({stack['samples_per_s']:.0f} samples/s)")
     for name, seconds in stack["split_s"].items():
         beside = " (beside training)" if name in stack["beside_training"] else ""

@@ -33,6 +33,8 @@ def train(settings: RunSettings) -> None:
         with RolloutsAhead(loop.generate, rollout_ids, settings.loop.async_buffer_size) as ahead:
             for rollout_id in tqdm(rollout_ids, desc="rollouts", unit="rollout"):
                 batch = ahead.next(rollout_id)  # generated while the previous rollout trained
+                if loop.push_due(rollout_id):  # the engines pause once the rollout ahead is done
+                    ahead.when_idle(session.pause_for_push)
                 metrics = loop.train(batch)
                 loop.save(rollout_id)
                 if loop.push_due(rollout_id):

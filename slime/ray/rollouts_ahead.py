@@ -21,7 +21,8 @@ class RolloutsAhead:
 
     ``paused()`` is for weight pushes: it waits for the rollout being generated to finish (never
     aborting it halfway, which would cut responses short) and starts no new one until the push is
-    done, so every rollout is generated with one set of weights.
+    done, so every rollout is generated with one set of weights. ``when_idle`` lets the push's
+    preparation (the engines' pause) run as soon as generation has stopped, while the trainer trains.
     """
 
     def __init__(self, generate: Callable[[int], RolloutBatch], rollout_ids: range, ahead: int) -> None:
@@ -31,6 +32,7 @@ class RolloutsAhead:
         self._ready: dict[int, RolloutBatch] = {}
         self._generating = self._held = self._stopped = False
         self._error: BaseException | None = None
+        self._on_idle: Callable[[], None] | None = None
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="rollouts-ahead", daemon=True)
 
@@ -64,7 +66,23 @@ class RolloutsAhead:
             with self._cond:
                 self._ready[rollout_id] = batch
                 self._generating = False
+                self._fire_if_idle()
                 self._cond.notify_all()
+
+    def when_idle(self, action: Callable[[], None]) -> None:
+        """Calls ``action`` (once) as soon as nothing generates and nothing can start until the trainer
+        takes the next rollout: now, or when the running generation ends. For the push after the
+        rollout being trained, which comes before that ``next``."""
+        with self._cond:
+            self._on_idle = action
+            self._fire_if_idle()
+
+    def _fire_if_idle(self) -> None:
+        """Under ``_cond``: runs the ``when_idle`` action if generation has stopped until the next ``next``
+        (the buffer is full). ``action`` must not block: it runs with the lock held."""
+        if self._on_idle is not None and not self._generating and len(self._ready) >= self._ahead:
+            action, self._on_idle = self._on_idle, None
+            action()
 
     def next(self, rollout_id: int) -> RolloutBatch:
         """Rollout ``rollout_id``'s data, waiting if it is not generated yet (``perf/rollout_wait_time``).

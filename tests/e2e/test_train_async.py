@@ -138,3 +138,54 @@ def test_rollouts_ahead_raises_the_generation_error_in_the_trainer_thread():
         ahead.next(0)
         with pytest.raises(RuntimeError, match="engine died"):
             ahead.next(1)
+
+
+def test_when_idle_runs_once_generation_stops_until_the_next_rollout_is_taken():
+    """The push's pause goes out when the rollout ahead is done and the buffer is full (no generation
+    can start before the trainer takes it, and the push comes first): at once when that is so already,
+    never while a rollout generates or while the buffer has room, and once."""
+    started: list[int] = []
+    release = {r: threading.Event() for r in range(6)}
+    fired: list[list[int]] = []
+
+    def generate(rollout_id: int) -> RolloutBatch:
+        started.append(rollout_id)
+        release[rollout_id].wait(10)
+        return RolloutBatch(data={"rollout": [rollout_id]}, metrics={})
+
+    def wait_until(condition, timeout: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert time.monotonic() < deadline, (started, fired)
+            time.sleep(0.01)
+
+    with RolloutsAhead(generate, range(6), ahead=2) as ahead:
+        wait_until(lambda: started == [0])
+        ahead.when_idle(lambda: fired.append(list(started)))
+        time.sleep(0.1)
+        assert fired == []  # rollout 0 is generating
+        release[0].set()
+        wait_until(lambda: started == [0, 1])
+        assert fired == []  # the buffer had room: rollout 1 started at once
+        release[1].set()
+        wait_until(lambda: len(fired) == 1)
+        assert fired == [[0, 1]]  # both done, the buffer full: nothing starts before next()
+        ahead.next(0)
+        wait_until(lambda: started == [0, 1, 2])
+        release[2].set()
+        ahead.next(1)
+        wait_until(lambda: started == [0, 1, 2, 3])
+        release[3].set()
+        wait_until(lambda: ahead._ready.keys() == {2, 3})
+        ahead.when_idle(lambda: fired.append(list(started)))  # idle and full already: runs now
+        assert fired == [[0, 1], [0, 1, 2, 3]]
+        with ahead.paused():
+            pass
+        ahead.next(2)
+        wait_until(lambda: started == [0, 1, 2, 3, 4])
+        release[4].set()
+        ahead.next(3)
+        wait_until(lambda: started == [0, 1, 2, 3, 4, 5])
+        release[5].set()
+        time.sleep(0.1)
+        assert len(fired) == 2  # each when_idle runs once

@@ -158,10 +158,12 @@ class TrainingSession:
             # builds its model there (as they would take their share of a GPU the trainer fills);
             # the first push takes the weights' part back, hand_gpus_to_engines the KV cache.
             engine_urls, _router_url = ray.get(engine_urls_ref)
+            mark("driver: engines ready")
             self.engine_urls = list(engine_urls)
             self._prepare_weight_check()
             self._engine_memory(memory.release, self._released_by_engines())
             loaded = self.trainer.init()
+            mark("driver: trainers ready")
         else:  # engines load their weights while the trainer builds its model
             loaded = self.trainer.init() if self.trainer is not None else None
             mark("driver: trainers ready")

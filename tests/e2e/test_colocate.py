@@ -46,9 +46,12 @@ def engine_events(url: str) -> list[dict]:
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("release", ["0.5.19", "0.5.23"])  # tensor updates without and within sessions
-def test_colocated_rollouts_hand_weights_over_in_place(ray_cluster, tiny_run_flags, release):
+def test_colocated_rollouts_hand_weights_over_in_place(
+    ray_cluster, tiny_run_flags, release, tmp_path, monkeypatch
+):
     from slime.config.settings.run import RunSettings
     from slime.ray.session import TrainingSession
+    from slime.utils.startup import STARTUP_LOG_ENV, read_marks
 
     flags = tiny_run_flags(
         "--colocate",
@@ -61,9 +64,14 @@ def test_colocated_rollouts_hand_weights_over_in_place(ray_cluster, tiny_run_fla
     args = parse_args(flags)
     check_implemented(args)
     assert args.rollout_num_gpus == 2 and args.update_weight_transport == "tensor"
+    marks_log = tmp_path / "startup.jsonl"
+    monkeypatch.setenv(STARTUP_LOG_ENV, str(marks_log))  # this process's marks (the driver's)
     with TrainingSession(RunSettings.from_args(args)) as session:
         urls = session.engine_urls
         assert len(urls) == 2
+        # The engines first, then the trainer on the GPUs they released: both marked, in that order.
+        ready = ["driver: engines ready", "driver: trainers ready"]
+        assert [m["what"] for m in read_marks(marks_log) if m["what"] in ready] == ready
         # Start-up: the engines gave their memory back before the trainer built its model on the same
         # GPUs, and the trainer has moved nothing yet (before: engines and trainer both held it).
         for url in urls:

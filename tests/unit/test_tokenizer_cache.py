@@ -64,7 +64,8 @@ def test_a_cached_tokenizer_is_autotokenizers_and_loads_without_torch(tiny_model
     assert cached["torch"] is False
     assert cached["class"] == type(reference).__name__ == type(first).__name__
     assert cached["ids"] == reference(TEXT, add_special_tokens=False)["input_ids"]
-    assert cached["chat"] == reference.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    chat = reference.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    assert cached["chat"] == chat
 
 
 def test_a_changed_tokenizer_file_is_a_new_entry(tiny_models, tmp_path, monkeypatch):

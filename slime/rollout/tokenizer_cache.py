@@ -5,8 +5,10 @@
 2026-12-05, 2 cores, on the quickstart's tokenizer: a process that loads it through ``AutoTokenizer``
 holds 293 MiB of private memory and spent 2.1 s; one that unpickles the same object 111 MiB and 1.2 s.
 The rollout manager and the driver only tokenize, so the first load of a checkpoint's tokenizer pickles
-the object (whatever class ``AutoTokenizer`` picked) into this cache, and later loads, in any process,
-unpickle it without importing torch.
+the object (whatever class ``AutoTokenizer`` picked) into this cache, and every load unpickles it. A
+process without torch that finds no entry has one made by a short-lived process of its own
+(``python -m slime.rollout.tokenizer_cache CHECKPOINT``, 2.4 CPU-s on 2 cores), so that it never
+imports torch for a tokenizer; a process that has torch already makes the entry itself.
 
 An entry is keyed by the checkpoint's real path, the size and modification time of every file at its
 top level, and the Python, transformers and tokenizers versions: a changed file or an upgrade makes a
@@ -23,6 +25,7 @@ import json
 import logging
 import os
 import pickle
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -37,12 +40,33 @@ def load_tokenizer(checkpoint: str) -> Any:
     """``AutoTokenizer.from_pretrained(checkpoint)``'s tokenizer, from the cache when it holds it; a
     local checkpoint's is put there on its first load. Loading errors are ``AutoTokenizer``'s."""
     entry = cache_entry(checkpoint)
+    if entry is not None and not entry.is_file() and "torch" not in sys.modules:
+        _make_entry_elsewhere(checkpoint)
     if entry is not None and entry.is_file():
         try:
             with entry.open("rb") as cached:
                 return pickle.load(cached)
         except Exception as exc:  # a damaged entry: AutoTokenizer decides, and the entry is rewritten
             logger.warning("tokenizer cache entry %s unreadable (%s); loading %s", entry, exc, checkpoint)
+    return _load_and_cache(checkpoint, entry)
+
+
+MAKE_ENTRY_TIMEOUT_S = 600.0
+
+
+def _make_entry_elsewhere(checkpoint: str) -> None:
+    """The entry of ``checkpoint`` made by a process of its own; a failure there (a checkpoint whose
+    tokenizer does not load) is left for this process's own ``AutoTokenizer`` to raise."""
+    command = [sys.executable, "-m", __name__, checkpoint]
+    try:
+        subprocess.run(command, timeout=MAKE_ENTRY_TIMEOUT_S, capture_output=True, check=False)
+    except subprocess.TimeoutExpired:  # run() has killed it
+        logger.warning(
+            "making the tokenizer cache entry of %s took over %.0f s", checkpoint, MAKE_ENTRY_TIMEOUT_S
+        )
+
+
+def _load_and_cache(checkpoint: str, entry: Path | None) -> Any:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
@@ -108,3 +132,7 @@ def _write(entry: Path, tokenizer: Any) -> None:
         logger.debug("tokenizer not cached at %s: %s", entry, exc)
         if partial is not None:
             Path(partial).unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    _load_and_cache(sys.argv[1], cache_entry(sys.argv[1]))

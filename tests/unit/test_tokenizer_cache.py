@@ -68,6 +68,22 @@ def test_a_cached_tokenizer_is_autotokenizers_and_loads_without_torch(tiny_model
     assert cached["chat"] == chat
 
 
+def test_a_process_without_torch_has_a_missing_entry_made_elsewhere(tiny_models, tmp_path):
+    """The rollout manager's first run on a checkpoint: the entry is made by a process of its own, so
+    the manager never imports torch; a checkpoint without a tokenizer fails with AutoTokenizer's error."""
+    checkpoint = _tokenizer_copy(tiny_models, tmp_path)
+    cache = tmp_path / "cache"
+    loaded = _load_in_a_fresh_process(checkpoint, cache)
+    assert loaded["torch"] is False and len(list(cache.glob("*.pkl"))) == 1
+    assert loaded["ids"] == load_tokenizer(str(checkpoint))(TEXT, add_special_tokens=False)["input_ids"]
+    empty = tmp_path / "no_tokenizer"
+    empty.mkdir()
+    with pytest.raises(subprocess.CalledProcessError) as failed:
+        _load_in_a_fresh_process(empty, cache)
+    assert "OSError" in failed.value.stderr or "ValueError" in failed.value.stderr
+    assert len(list(cache.glob("*.pkl"))) == 1
+
+
 def test_a_changed_tokenizer_file_is_a_new_entry(tiny_models, tmp_path, monkeypatch):
     checkpoint = _tokenizer_copy(tiny_models, tmp_path)
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))

@@ -100,6 +100,7 @@ class RolloutLoop:
         session.hand_gpus_to_engines()  # --colocate: the trainer's state leaves the GPUs it shares
         if settings.eval_interval and not settings.skip_eval_before_train:
             rollout_id = session.start_rollout_id - 1
+            session.engines_resumed()
             self.metrics_logger.log(rollout_id, ray.get(session.rollout.eval.remote(rollout_id)))
         self._step_start = time.perf_counter()
 
@@ -113,6 +114,7 @@ class RolloutLoop:
         """
         settings = self.settings
         start = time.perf_counter()
+        self.session.engines_resumed()  # also before the next push's pause, which generation precedes
         if settings.load_debug_rollout_data:
             batch = load_rollout_data(settings.load_debug_rollout_data.format(rollout_id=rollout_id))
         else:
@@ -179,6 +181,7 @@ class RolloutLoop:
     def finish(self, rollout_id: int, metrics: dict[str, float]) -> None:
         """Evaluation when due, then the rollout's metrics with its wall-clock ``perf/step_time``."""
         if self._due(self.settings.eval_interval, rollout_id):
+            self.session.engines_resumed()
             metrics.update(ray.get(self.session.rollout.eval.remote(rollout_id)))
         now = time.perf_counter()
         metrics["perf/step_time"] = now - self._step_start

@@ -54,6 +54,7 @@ class TrainingSession:
         self.external_urls: list[str] = []
         self._released: set[str] = set()  # memory tags this run's engines have released (--colocate)
         self._pausing: ray.ObjectRef | None = None  # the pause of the coming push, sent early
+        self._resuming: ray.ObjectRef | None = None  # the resume after the last push, not yet waited for
         self._pushed_to: list[str] = []  # engines the last push reached, until they rejoin the router
         self._owns_ray = False
 
@@ -197,6 +198,7 @@ class TrainingSession:
         snapshot; else the run stops naming the engine and the first tensors that differ."""
         if not (self.weight_sync.check_equal and self.trainer is not None and self.engine_urls):
             return
+        self.engines_resumed()
         try:
             wait_all(check_weights(self.engine_urls, {"action": "compare"}, self.weight_sync.timeout_s))
         except EngineCallError as exc:
@@ -244,12 +246,14 @@ class TrainingSession:
     def pause_for_push(self) -> None:
         """Before training, once nothing generates until the push (the synchronous loop: at once; the
         overlapped one: when the rollout ahead is done): the engines pause for the coming push while
-        the trainer trains; ``push_weights`` waits for it. Does not block. Not under ``--colocate``
+        the trainer trains; ``push_weights`` waits for it. Does not block (the loops' generation has
+        waited for the last push's resume already). Not under ``--colocate``
         (the engines have released their memory) or ``--use-fault-tolerance`` (the push first looks up
         which engines are up). A traced quickstart push then starts with the sessions' begin (≈ 2 ms)
         instead of the pause and the begin (≈ 6.6 ms; overlapped quickstart: 3.9 ms of a 17 ms push)."""
         early = self.uses_engines and self.trainer is not None and self._pausing is None
         if early and not self.colocate and not self.fault_tolerant:
+            self.engines_resumed()  # the pause must not overtake the last push's resume
             self._pausing = self.rollout.pause.remote(mode="abort")
 
     def push_weights(self, version: int) -> dict[str, float]:
@@ -261,9 +265,16 @@ class TrainingSession:
         The distributed and tensor transports run inside one weight-update session per engine
         (SGLang >= 0.5.21), opened here once for all trainer ranks and pipeline stages. When the
         update fails, its error is the one raised: the clean-up after it only logs.
+
+        After a push that succeeded the engines resume while the caller goes on (the overlapped
+        quickstart: 2.6 ms of each step): whatever next asks them to generate waits for it first
+        (``engines_resumed``); an engine's request arriving before the resume would wait on the engine
+        anyway, as SGLang holds requests while paused. Not under ``--colocate`` or
+        ``--use-fault-tolerance``, whose pushes end with more calls to the engines.
         """
         if not self.uses_engines or self.trainer is None:
             return {}
+        self.engines_resumed()  # a pause must not overtake the last push's resume
         if self.fault_tolerant:
             self._follow_restarted_engines()
         pausing, self._pausing = self._pausing or self.rollout.pause.remote(mode="abort"), None
@@ -280,7 +291,11 @@ class TrainingSession:
             failed = False
         finally:
             try:
-                ray.get(self.rollout.resume.remote(), timeout=None if not failed else ERROR_PATH_TIMEOUT_S)
+                resuming = self.rollout.resume.remote()
+                if failed or self.colocate or self.fault_tolerant:
+                    ray.get(resuming, timeout=None if not failed else ERROR_PATH_TIMEOUT_S)
+                else:
+                    self._resuming = resuming
                 control.resume(self.external_urls, self.weight_sync.timeout_s)
             except Exception as exc:
                 if not failed:
@@ -290,6 +305,15 @@ class TrainingSession:
         if not self._colocated():  # under --colocate the engines generate once their KV cache is back
             self._rejoin_router()
         return metrics
+
+    def engines_resumed(self) -> None:
+        """Waits for the resume the last push sent on; raises its error (an engine that failed to
+        resume). Called before anything generates: a rollout, an evaluation."""
+        resuming = self._resuming
+        if resuming is not None:
+            ray.get(resuming)
+            if self._resuming is resuming:  # the loop's thread and the rollouts-ahead thread both call it
+                self._resuming = None
 
     def _rejoin_router(self) -> None:
         """--use-fault-tolerance: engines restarted since the last push have the weights now and

@@ -64,6 +64,7 @@ def test_session_pushes_trainer_weights_to_every_engine(stack, layout):
     assert metrics["ppo_kl"] == pytest.approx(0.0, abs=1e-6)
     assert metrics["train_rollout_logprob_abs_diff"] < 1e-3
     session.push_weights(base + 2)
+    session.engines_resumed()  # the push returns while the engines resume; generation waits for it
     expected = session.trainer.hf_state_dict()
     assert len(urls) == 2
     for url in urls:

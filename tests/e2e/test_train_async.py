@@ -83,22 +83,30 @@ def test_train_async_refuses_colocate_in_one_line(tiny_run_flags):
     ]
 
 
-def test_rollouts_ahead_bounds_generation_and_pauses_between_rollouts():
-    """With ahead=2, at most two unconsumed rollouts exist; ``paused`` waits out the running one."""
-    started: list[int] = []
-    release = {r: threading.Event() for r in range(5)}
+class HeldGeneration:
+    """A generate function whose rollout ``r`` starts (``started``) and finishes only once
+    ``release[r]`` is set: the test decides when each generation ends."""
 
-    def generate(rollout_id: int) -> RolloutBatch:
-        started.append(rollout_id)
-        release[rollout_id].wait(10)
+    def __init__(self, count: int) -> None:
+        self.started: list[int] = []
+        self.release = {r: threading.Event() for r in range(count)}
+
+    def __call__(self, rollout_id: int) -> RolloutBatch:
+        self.started.append(rollout_id)
+        self.release[rollout_id].wait(10)
         return RolloutBatch(data={"rollout": [rollout_id]}, metrics={})
 
-    def wait_until(condition, timeout: float = 5.0) -> None:
+    def wait_until(self, condition, timeout: float = 5.0) -> None:
         deadline = time.monotonic() + timeout
         while not condition():
-            assert time.monotonic() < deadline, started
+            assert time.monotonic() < deadline, self.started
             time.sleep(0.01)
 
+
+def test_rollouts_ahead_bounds_generation_and_pauses_between_rollouts():
+    """With ahead=2, at most two unconsumed rollouts exist; ``paused`` waits out the running one."""
+    generate = HeldGeneration(5)
+    started, release, wait_until = generate.started, generate.release, generate.wait_until
     with RolloutsAhead(generate, range(5), ahead=2) as ahead:
         wait_until(lambda: started == [0])
         release[0].set()
@@ -144,21 +152,9 @@ def test_when_idle_runs_once_generation_stops_until_the_next_rollout_is_taken():
     """The push's pause goes out when the rollout ahead is done and the buffer is full (no generation
     can start before the trainer takes it, and the push comes first): at once when that is so already,
     never while a rollout generates or while the buffer has room, and once."""
-    started: list[int] = []
-    release = {r: threading.Event() for r in range(6)}
+    generate = HeldGeneration(6)
+    started, release, wait_until = generate.started, generate.release, generate.wait_until
     fired: list[list[int]] = []
-
-    def generate(rollout_id: int) -> RolloutBatch:
-        started.append(rollout_id)
-        release[rollout_id].wait(10)
-        return RolloutBatch(data={"rollout": [rollout_id]}, metrics={})
-
-    def wait_until(condition, timeout: float = 5.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not condition():
-            assert time.monotonic() < deadline, (started, fired)
-            time.sleep(0.01)
-
     with RolloutsAhead(generate, range(6), ahead=2) as ahead:
         wait_until(lambda: started == [0])
         ahead.when_idle(lambda: fired.append(list(started)))

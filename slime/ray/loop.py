@@ -114,10 +114,10 @@ class RolloutLoop:
         """
         settings = self.settings
         start = time.perf_counter()
-        self.session.engines_resumed()  # also before the next push's pause, which generation precedes
         if settings.load_debug_rollout_data:
             batch = load_rollout_data(settings.load_debug_rollout_data.format(rollout_id=rollout_id))
         else:
+            self.session.engines_resumed()  # the last push's resume first
             batch = ray.get(self.session.rollout.generate.remote(rollout_id))
         batch.metrics["perf/rollout_time"] = time.perf_counter() - start
         if settings.save_debug_rollout_data:

@@ -246,11 +246,12 @@ class TrainingSession:
     def pause_for_push(self) -> None:
         """Before training, once nothing generates until the push (the synchronous loop: at once; the
         overlapped one: when the rollout ahead is done): the engines pause for the coming push while
-        the trainer trains; ``push_weights`` waits for it. Does not block (the loops' generation has
-        waited for the last push's resume already). Not under ``--colocate``
-        (the engines have released their memory) or ``--use-fault-tolerance`` (the push first looks up
-        which engines are up). A traced quickstart push then starts with the sessions' begin (≈ 2 ms)
-        instead of the pause and the begin (≈ 6.6 ms; overlapped quickstart: 3.9 ms of a 17 ms push)."""
+        the trainer trains; ``push_weights`` waits for it. Does not block, unless nothing generated
+        since the last push (``--load-debug-rollout-data``): then it waits for that push's resume. Not
+        under ``--colocate`` (the engines have released their memory) or ``--use-fault-tolerance`` (the
+        push first looks up which engines are up). A traced quickstart push then starts with the
+        sessions' begin (≈ 2 ms) instead of the pause and the begin (≈ 6.6 ms; overlapped quickstart:
+        3.9 ms of a 17 ms push)."""
         early = self.uses_engines and self.trainer is not None and self._pausing is None
         if early and not self.colocate and not self.fault_tolerant:
             self.engines_resumed()  # the pause must not overtake the last push's resume

@@ -100,8 +100,7 @@ class RolloutLoop:
         session.hand_gpus_to_engines()  # --colocate: the trainer's state leaves the GPUs it shares
         if settings.eval_interval and not settings.skip_eval_before_train:
             rollout_id = session.start_rollout_id - 1
-            session.engines_resumed()
-            self.metrics_logger.log(rollout_id, ray.get(session.rollout.eval.remote(rollout_id)))
+            self.metrics_logger.log(rollout_id, self._evaluate(rollout_id))
         self._step_start = time.perf_counter()
 
     def generate(self, rollout_id: int) -> RolloutBatch:
@@ -181,12 +180,16 @@ class RolloutLoop:
     def finish(self, rollout_id: int, metrics: dict[str, float]) -> None:
         """Evaluation when due, then the rollout's metrics with its wall-clock ``perf/step_time``."""
         if self._due(self.settings.eval_interval, rollout_id):
-            self.session.engines_resumed()
-            metrics.update(ray.get(self.session.rollout.eval.remote(rollout_id)))
+            metrics.update(self._evaluate(rollout_id))
         now = time.perf_counter()
         metrics["perf/step_time"] = now - self._step_start
         self._step_start = now
         self.metrics_logger.log(rollout_id, metrics)
+
+    def _evaluate(self, rollout_id: int) -> dict[str, float]:
+        """The eval sets' metrics, once the engines have resumed after the last push."""
+        self.session.engines_resumed()
+        return ray.get(self.session.rollout.eval.remote(rollout_id))
 
     def _due(self, interval: int | None, rollout_id: int) -> bool:
         return should_run(interval, rollout_id, self.num_rollout)

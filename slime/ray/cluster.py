@@ -86,6 +86,9 @@ people share). The log monitor stays: it carries the actors' output to the drive
 REGISTRATION_POLL_S = 0.02
 """How often ``lean_head`` asks the GCS whether the new raylet has registered."""
 
+REGISTRATION_TIMEOUT_S = 30.0
+"""How long it asks: Ray's own ``raylet_start_wait_time_s``, after which Ray's wait raises as before."""
+
 
 @contextlib.contextmanager
 def lean_head() -> Iterator[None]:
@@ -95,8 +98,9 @@ def lean_head() -> Iterator[None]:
     Ray 2.60 waits for the raylet in ``GlobalStateAccessor::GetNode``, which sleeps a whole second
     after each miss (``global_state_accessor.cc``); the raylet registers 0.2-0.7 s after it starts,
     so every start paid up to a second. Here ``services.get_node`` first polls the node table every
-    ``REGISTRATION_POLL_S``. Measured 2026-12-05, 2 cores: ``ray.init`` 2.36 -> 0.9-1.7 s, Ray's own
-    processes 898 -> 708 MiB RSS and 3.7 -> 2.8 CPU-s.
+    ``REGISTRATION_POLL_S``. Measured 2026-12-05, 2 cores: ``ray.init`` 2.36 -> 1.3-2.2 s (the raylet
+    itself waits for its dashboard agent, a Python process, to start), Ray's own processes 898 -> 708
+    MiB RSS and 3.7 -> 2.8 CPU-s.
 
     A Ray without one of these names (another version) starts as it would. For the Ray dashboard or
     ``ray status``, start a cluster with ``ray start --head`` and pass ``--ray-address``."""
@@ -123,8 +127,8 @@ def _skip_service(node: object, *args: object, **kwargs: object) -> None:
 
 
 def _once_registered(get_node: Callable[[str, str], dict]) -> Callable[[str, str], dict]:
-    """``get_node`` (``ray._private.services``), called once the GCS lists the node (or after 30 s,
-    Ray's own limit, when it raises as before)."""
+    """``get_node`` (``ray._private.services``), called once the GCS lists the node (or after
+    ``REGISTRATION_TIMEOUT_S``)."""
 
     def wait_then_get(gcs_address: str, node_id: str) -> dict:
         from ray._private import services, state
@@ -132,7 +136,7 @@ def _once_registered(get_node: Callable[[str, str], dict]) -> Callable[[str, str
         try:
             table = state.GlobalState()
             table._initialize_global_state(services._get_gcs_client_options(gcs_address))
-            deadline = time.monotonic() + 30.0
+            deadline = time.monotonic() + REGISTRATION_TIMEOUT_S
             while time.monotonic() < deadline:
                 if any(node.get("NodeID") == node_id for node in table.node_table()):
                     break

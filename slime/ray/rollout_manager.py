@@ -158,8 +158,8 @@ class RolloutManager:
         try:
             with concurrent.futures.ThreadPoolExecutor(2) as pool:
                 teachers = pool.submit(self._start_teachers, timeout_s)
-                # The tokenizer loads while the engines start (transformers and torch: about 1.6 s of
-                # the first rollout's start on 2 cores, 2026-12-04).
+                # The tokenizer loads while the engines start: unpickled from the tokenizer cache (on
+                # a checkpoint's first run a short-lived process makes the entry: 2.4 CPU-s on 2 cores).
                 tokenizer = pool.submit(_load_tokenizer_early, tokenizer_path(self.plugin_args))
                 router_url = self.router.start()
                 mark("rollout manager: router up")

@@ -21,8 +21,8 @@ Measured per contender: the wall-clock of its process (start-up and the final HF
 the median step time over steps 1.. (step 0 pays for warm-up; ours also split into rollout / train
 / weight-sync from TensorBoard, TRL into generation / the rest), samples/s both ways
 (``samples_per_s`` = 128 / median step, ``samples_per_s_wall`` = steps x 128 / process wall),
-the peak summed RSS and PSS of its whole process tree (sampled from here every 0.25 s, PSS every
-2 s; ours also reports train.py's own figure), the most processes in that tree, the mean training
+the peak summed RSS and PSS of its whole process tree (both sampled from here every 0.25 s;
+ours also reports train.py's own figure), the most processes in that tree, the mean training
 reward of the first and last 5 steps, and the evaluator's scores. ``ratio`` is ours / TRL.
 
     .venv/bin/python bench/peer_trl.py               # 200 steps, seed 0, builds .venv-peer-trl if missing

@@ -329,17 +329,46 @@ def test_dynamic_batches_balance_data_parallel_ranks(packed_run, tiny_models):
     assert_same_run(dynamic, packed_run, loss_rel=1e-6)
 
 
+def long_response_data():
+    """Two 2-token prompts with four samples each of 30..33 response tokens: segments of about 130
+    tokens, where the fused attention runs unit by unit (``PackedRows.by_units``)."""
+    gen = torch.Generator().manual_seed(7)
+    data = {"tokens": [], "response_lengths": [], "loss_masks": []}
+    for _ in range(2):
+        prompt = torch.randint(3, 99, (2,), generator=gen).tolist()
+        for j in range(4):
+            response = 30 + j
+            data["tokens"].append(prompt + torch.randint(3, 99, (response,), generator=gen).tolist())
+            data["response_lengths"].append(response)
+            data["loss_masks"].append([1] * (response - 1) + [j % 2])
+    return data
+
+
 @pytest.mark.e2e
-def test_shared_prompts_give_the_plain_packed_log_probs_loss_and_gradient(ray_cluster, tiny_models):
+@pytest.mark.parametrize(
+    "make_data, micro_batch, by_units", [(grouped_data, 4, False), (long_response_data, 8, True)]
+)
+def test_shared_prompts_give_the_plain_packed_log_probs_loss_and_gradient(
+    ray_cluster, tiny_models, make_data, micro_batch, by_units
+):
     """Micro-batches of 4 over groups of 3, 3 and 2 samples: one segment holds a whole micro-batch
     (its RoPE must still take the layout's positions), the other mixes prompts; the shared run also
-    recomputes its activations, so the backward pass asks for the layouts again."""
-    flags = ["--micro-batch-size", "4"]
-    plain = run_group(tiny_models, extra=flags, make_data=grouped_data)
+    recomputes its activations, so the backward pass asks for the layouts again. Long responses: the
+    same through the attention's units."""
+    from slime.backends.megatron.packed_attention import rows_of
+
+    data = make_data()
+    laid_out = {**data, "loss_weights": [1.0] * len(data["tokens"])}
+    (batch,) = make_micro_batches(
+        laid_out, [list(range(micro_batch))], torch.device("cpu"), share_prompts=True
+    )
+    assert rows_of(batch.cu_seqlens, batch.position_ids[0], batch.response_blocks).by_units is by_units
+    flags = ["--micro-batch-size", str(micro_batch)]
+    plain = run_group(tiny_models, extra=flags, make_data=make_data)
     shared = run_group(
         tiny_models,
         extra=[*flags, "--share-prompts-in-train", "--recompute-activations"],
-        make_data=grouped_data,
+        make_data=make_data,
     )
-    assert plain["counts"] == shared["counts"] == [2]
+    assert plain["counts"] == shared["counts"] == [len(data["tokens"]) // micro_batch]
     assert_same_run(shared, plain, loss_rel=1e-6)

@@ -23,6 +23,7 @@ from slime.backends.megatron.batching import (
 )
 from slime.config import ConfigError
 from slime.ray.trainer_group import check_token_budget
+from tests.support.packing import shared_prompt_data
 from tests.support.trainers import make_group, sft_data, trainer_args
 
 # ---- the bin partition ---------------------------------------------------------------------------
@@ -196,18 +197,6 @@ def test_response_slices_select_each_samples_response_tokens(packed):
         for index, got, target in zip(batch.indices, slices, targets, strict=True):
             response = data["response_lengths"][index]
             assert got.tolist() == target.tolist() == data["tokens"][index][-response:]
-
-
-def shared_prompt_data():
-    """Two prompts ([5, 6, 7] and [8, 9]) with three and two samples, interleaved, and one alone."""
-    prompts = [[5, 6, 7], [8, 9], [5, 6, 7], [5, 6, 7], [8, 9], [4]]
-    responses = [[10, 11], [12], [13, 14, 15], [16], [17, 18], [19, 20]]
-    return {
-        "tokens": [p + r for p, r in zip(prompts, responses, strict=True)],
-        "response_lengths": [len(r) for r in responses],
-        "loss_masks": [[1] * len(r) for r in responses],
-        "loss_weights": [1.0] * len(prompts),
-    }
 
 
 def test_shared_prompt_segments_hold_each_prompt_once_at_its_own_positions():
